@@ -1,0 +1,213 @@
+"""Lowering the graph to PyTorch: one function per op kind, and an FX graph built from them.
+
+`GraphModule(graph)` is a plain `nn.Module` whose weights are buffers already cast to the dtype of
+the node that reads them; `to_fx(graph)` traces it into a flat `torch.fx.GraphModule`, which is
+what Inductor compiles. Dimension 0 stays free, so one module serves every batch size.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from ..graph import Activation, Binary, DType, Graph, Node, OpKind, PoolMode, Reduction
+
+TORCH_DTYPES = {DType.F32: torch.float32, DType.F16: torch.float16, DType.BF16: torch.bfloat16}
+
+Lowering = Callable[[Node, list[torch.Tensor], Callable[[str], torch.Tensor]], torch.Tensor]
+LOWERINGS: dict[OpKind, Lowering] = {}
+
+
+def lowering(kind: OpKind):
+    def register(fn: Lowering) -> Lowering:
+        if kind in LOWERINGS:
+            raise RuntimeError(f"torch lowering for {kind.value} registered twice")
+        LOWERINGS[kind] = fn
+        return fn
+
+    return register
+
+
+def _pad_if_asymmetric(x: torch.Tensor, padding: tuple[int, int, int, int], value: float = 0.0):
+    """torch's conv and pool pad symmetrically; TF "SAME" needs an explicit pad when it is not."""
+    top, left, bottom, right = padding
+    if top == bottom and left == right:
+        return x, (top, left)
+    return F.pad(x, (left, right, top, bottom), value=value), (0, 0)
+
+
+@lowering(OpKind.INPUT)
+def _input(node, args, w):
+    return args[0]
+
+
+@lowering(OpKind.CONSTANT)
+def _constant(node, args, w):
+    return w(node.attrs.weight)
+
+
+@lowering(OpKind.CONV2D)
+def _conv2d(node, args, w):
+    a = node.attrs
+    x, padding = _pad_if_asymmetric(args[0], a.padding)
+    bias = w(a.bias) if a.bias else None
+    return F.conv2d(x, w(a.weight), bias, a.stride, padding, a.dilation, a.groups)
+
+
+@lowering(OpKind.SCALE)
+def _scale(node, args, w):
+    a = node.attrs
+    view = [1] * len(node.type.shape)
+    view[a.axis] = -1
+    return args[0] * w(a.scale).reshape(view) + w(a.shift).reshape(view)
+
+
+_ACTIVATIONS: dict[Activation, Callable[[torch.Tensor], torch.Tensor]] = {
+    Activation.RELU: F.relu,
+    Activation.RELU6: F.relu6,
+    Activation.SILU: F.silu,
+    Activation.GELU: F.gelu,
+    Activation.GELU_TANH: lambda x: F.gelu(x, approximate="tanh"),
+    Activation.HARD_SWISH: F.hardswish,
+    Activation.HARD_SIGMOID: F.hardsigmoid,
+    Activation.SIGMOID: torch.sigmoid,
+    Activation.TANH: torch.tanh,
+}
+
+
+@lowering(OpKind.ACTIVATION)
+def _activation(node, args, w):
+    return _ACTIVATIONS[node.attrs.fn](args[0])
+
+
+@lowering(OpKind.POOL2D)
+def _pool2d(node, args, w):
+    a = node.attrs
+    if a.mode is PoolMode.MAX:
+        x, padding = _pad_if_asymmetric(args[0], a.padding, value=float("-inf"))
+        return F.max_pool2d(x, a.kernel, a.stride, padding)
+    if a.padding[0] != a.padding[2] or a.padding[1] != a.padding[3]:
+        raise NotImplementedError(f"{node.name}: asymmetric average pooling")
+    return F.avg_pool2d(args[0], a.kernel, a.stride, a.padding[:2], count_include_pad=a.count_include_pad)
+
+
+@lowering(OpKind.REDUCE)
+def _reduce(node, args, w):
+    a = node.attrs
+    x = args[0]
+    if a.op is Reduction.MEAN:
+        return x.mean(dim=a.axes, keepdim=a.keepdim)
+    if a.op is Reduction.SUM:
+        return x.sum(dim=a.axes, keepdim=a.keepdim)
+    return x.amax(dim=a.axes, keepdim=a.keepdim)
+
+
+_BINARY = {
+    Binary.ADD: torch.add,
+    Binary.SUB: torch.sub,
+    Binary.MUL: torch.mul,
+    Binary.DIV: torch.div,
+    Binary.MAX: torch.maximum,
+    Binary.MIN: torch.minimum,
+}
+
+
+@lowering(OpKind.ELEMENTWISE)
+def _elementwise(node, args, w):
+    return _BINARY[node.attrs.op](args[0], args[1])
+
+
+@lowering(OpKind.CONCAT)
+def _concat(node, args, w):
+    return torch.cat(args, dim=node.attrs.axis)
+
+
+@lowering(OpKind.SLICE)
+def _slice(node, args, w):
+    a = node.attrs
+    return args[0].narrow(a.axis, a.start, a.stop - a.start)
+
+
+@lowering(OpKind.LINEAR)
+def _linear(node, args, w):
+    a = node.attrs
+    return F.linear(args[0], w(a.weight), w(a.bias) if a.bias else None)
+
+
+@lowering(OpKind.MATMUL)
+def _matmul(node, args, w):
+    b = args[1].transpose(-1, -2) if node.attrs.transpose_b else args[1]
+    return torch.matmul(args[0], b)
+
+
+@lowering(OpKind.SOFTMAX)
+def _softmax(node, args, w):
+    return torch.softmax(args[0], dim=node.attrs.axis)
+
+
+@lowering(OpKind.NORMALIZATION)
+def _normalization(node, args, w):
+    a = node.attrs
+    x = args[0]
+    rank = len(node.type.shape)
+    if a.axis == rank - 1:
+        return F.layer_norm(x, (x.shape[-1],), w(a.weight), w(a.bias), a.eps)
+    # Normalising a middle axis (channels of an NCHW map): move it last and back.
+    x = x.movedim(a.axis, -1)
+    x = F.layer_norm(x, (x.shape[-1],), w(a.weight), w(a.bias), a.eps)
+    return x.movedim(-1, a.axis)
+
+
+@lowering(OpKind.RESHAPE)
+def _reshape(node, args, w):
+    return args[0].reshape((-1,) + tuple(node.attrs.shape))
+
+
+@lowering(OpKind.TRANSPOSE)
+def _transpose(node, args, w):
+    return args[0].permute(node.attrs.perm)
+
+
+@lowering(OpKind.CAST)
+def _cast(node, args, w):
+    return args[0].to(TORCH_DTYPES[node.attrs.dtype])
+
+
+def _buffer_name(key: str) -> str:
+    return "w_" + "".join(c if c.isalnum() else "_" for c in key)
+
+
+class GraphModule(torch.nn.Module):
+    """Runs a graph op by op; the weights are buffers in the dtype of the node that reads them."""
+
+    def __init__(self, graph: Graph) -> None:
+        super().__init__()
+        missing = [k.value for k in OpKind if k not in LOWERINGS]
+        if missing:
+            raise NotImplementedError(f"no torch lowering for {', '.join(missing)}")
+        self.graph_ir = graph
+        self._buffers_by_key: dict[str, str] = {}
+        for node in graph.nodes:
+            for key in node.weight_keys():
+                name = _buffer_name(key)
+                if name not in self._buffers_by_key.values():
+                    tensor = torch.from_numpy(graph.weights[key]).to(TORCH_DTYPES[node.type.dtype])
+                    self.register_buffer(name, tensor)
+                self._buffers_by_key[key] = name
+        self.input_name = graph.inputs[0].name
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        values: dict[str, torch.Tensor] = {}
+        weight = lambda key: getattr(self, self._buffers_by_key[key])  # noqa: E731
+        for node in self.graph_ir.nodes:
+            args = [pixels] if node.kind is OpKind.INPUT else [values[i] for i in node.inputs]
+            values[node.name] = LOWERINGS[node.kind](node, args, weight)
+        outputs = [values[o] for o in self.graph_ir.outputs]
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+
+def to_fx(graph: Graph) -> torch.fx.GraphModule:
+    """A flat FX graph of the whole network (the op-by-op loop unrolled by tracing)."""
+    return torch.fx.symbolic_trace(GraphModule(graph))

@@ -1,0 +1,269 @@
+"""Reading a timm checkpoint in the Hugging Face layout: `config.json` plus `model.safetensors`.
+
+The config becomes a typed, frozen `ModelConfig` and is validated before any weight is read;
+tensors are read lazily, one at a time, as float32 numpy arrays. A Hugging Face model id is
+fetched with huggingface_hub; offline, the error says to pass a local folder instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
+CROP_MODES = ("center", "squash")
+
+
+class CheckpointError(ValueError):
+    """The checkpoint is missing, malformed or cannot be fetched."""
+
+
+@dataclass(frozen=True)
+class PretrainedConfig:
+    """The eval-transform fields of timm's `pretrained_cfg`."""
+
+    input_size: tuple[int, int, int] = (3, 224, 224)
+    interpolation: str = "bicubic"
+    crop_pct: float = 0.875
+    crop_mode: str = "center"
+    mean: tuple[float, float, float] = (0.485, 0.456, 0.406)
+    std: tuple[float, float, float] = (0.229, 0.224, 0.225)
+    num_classes: int = 1000
+
+    @property
+    def image_size(self) -> tuple[int, int]:
+        return (self.input_size[1], self.input_size[2])
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str
+    num_classes: int
+    pretrained: PretrainedConfig
+    label_names: tuple[str, ...] = ()
+    label_descriptions: Mapping[str, str] = field(default_factory=dict)
+
+    def label(self, index: int) -> tuple[str, str]:
+        """(name, description) of a class, empty strings when the checkpoint gave none."""
+        if index >= len(self.label_names):
+            return "", ""
+        name = self.label_names[index]
+        return name, self.label_descriptions.get(name, "")
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a checkpoint came from: recorded in every bundle."""
+
+    id: str
+    revision: str
+    sha256: str
+
+
+def _require(condition: bool, path: Path, message: str) -> None:
+    if not condition:
+        raise CheckpointError(f"{path}: {message}")
+
+
+def parse_config(raw: Any, path: Path) -> ModelConfig:
+    """Validate a timm `config.json` and turn it into a `ModelConfig`."""
+    _require(isinstance(raw, dict), path, "must hold one JSON object")
+    arch = raw.get("architecture")
+    if arch is None and isinstance(raw.get("architectures"), list) and raw["architectures"]:
+        arch = raw["architectures"][0]
+    _require(isinstance(arch, str) and arch, path, "has no 'architecture' (e.g. \"ghostnet_100\")")
+    arch = arch.split(".")[0]  # "ghostnet_100.in1k" names a pretrained tag, not an architecture
+    cfg = raw.get("pretrained_cfg") or {}
+    _require(isinstance(cfg, dict), path, "'pretrained_cfg' must be an object")
+
+    input_size = cfg.get("input_size", [3, 224, 224])
+    _require(
+        isinstance(input_size, list) and len(input_size) == 3 and all(isinstance(v, int) and v > 0 for v in input_size)
+        and input_size[0] == 3,
+        path, f"pretrained_cfg.input_size must be [3, height, width], got {input_size!r}",
+    )
+    interpolation = cfg.get("interpolation", "bicubic")
+    _require(interpolation in INTERPOLATIONS, path,
+             f"pretrained_cfg.interpolation {interpolation!r} is not one of {', '.join(INTERPOLATIONS)}")
+    crop_pct = cfg.get("crop_pct", 0.875)
+    _require(isinstance(crop_pct, (int, float)) and 0.0 < crop_pct <= 1.0 + 1e-9, path,
+             f"pretrained_cfg.crop_pct must be in (0, 1], got {crop_pct!r}")
+    crop_mode = cfg.get("crop_mode", "center")
+    _require(crop_mode in CROP_MODES, path,
+             f"pretrained_cfg.crop_mode {crop_mode!r} is not supported (supported: {', '.join(CROP_MODES)})")
+    mean, std = cfg.get("mean", [0.485, 0.456, 0.406]), cfg.get("std", [0.229, 0.224, 0.225])
+    for key, value in (("mean", mean), ("std", std)):
+        _require(isinstance(value, list) and len(value) == 3 and all(isinstance(v, (int, float)) for v in value),
+                 path, f"pretrained_cfg.{key} must be three numbers, got {value!r}")
+    _require(all(v > 0 for v in std), path, f"pretrained_cfg.std must be positive, got {std!r}")
+
+    num_classes = raw.get("num_classes", cfg.get("num_classes", 1000))
+    _require(isinstance(num_classes, int) and num_classes > 0, path,
+             f"num_classes must be a positive integer, got {num_classes!r}")
+    names = raw.get("label_names") or []
+    _require(isinstance(names, list) and all(isinstance(n, str) for n in names), path,
+             "label_names must be a list of strings")
+    _require(not names or len(names) == num_classes, path,
+             f"label_names has {len(names)} entries for {num_classes} classes")
+    descriptions = raw.get("label_descriptions") or {}
+    _require(isinstance(descriptions, dict), path, "label_descriptions must map label names to text")
+
+    pretrained = PretrainedConfig(
+        input_size=tuple(input_size),
+        interpolation=interpolation,
+        crop_pct=float(crop_pct),
+        crop_mode=crop_mode,
+        mean=tuple(float(v) for v in mean),
+        std=tuple(float(v) for v in std),
+        num_classes=int(cfg.get("num_classes", num_classes)),
+    )
+    return ModelConfig(
+        architecture=arch,
+        num_classes=num_classes,
+        pretrained=pretrained,
+        label_names=tuple(names),
+        label_descriptions={str(k): str(v) for k, v in descriptions.items()},
+    )
+
+
+class Checkpoint:
+    """A timm checkpoint folder: typed config and lazily read tensors."""
+
+    def __init__(self, folder: Path, source: Source | None = None) -> None:
+        self.folder = Path(folder)
+        config_path = self.folder / "config.json"
+        if not self.folder.is_dir():
+            raise CheckpointError(f"{self.folder}: not a folder; pass a timm checkpoint folder or a Hugging Face id")
+        if not config_path.is_file():
+            raise CheckpointError(f"{self.folder}: no config.json; a timm checkpoint folder holds config.json and model.safetensors")
+        try:
+            raw = json.loads(config_path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise CheckpointError(f"{config_path}: not valid JSON ({exc})") from exc
+        self.config = parse_config(raw, config_path)
+        self.weights_path = self._find_weights()
+        self._source = source
+        self._names: list[str] | None = None
+        self._shapes: dict[str, tuple[int, ...]] = {}
+        self._handle = None
+
+    def _find_weights(self) -> Path:
+        for name in ("model.safetensors", "pytorch_model.bin"):
+            path = self.folder / name
+            if path.is_file():
+                return path
+        raise CheckpointError(f"{self.folder}: no model.safetensors (or pytorch_model.bin) next to config.json")
+
+    @property
+    def source(self) -> Source:
+        if self._source is None:
+            self._source = Source(id=str(self.folder.resolve()), revision="local", sha256=file_sha256(self.weights_path))
+        return self._source
+
+    # ---- tensors ----
+
+    def _open(self):
+        if self._handle is None:
+            if self.weights_path.suffix == ".safetensors":
+                from safetensors import safe_open
+
+                try:
+                    self._handle = safe_open(str(self.weights_path), framework="pt")
+                except Exception as exc:  # safetensors raises its own error types
+                    raise CheckpointError(f"{self.weights_path}: cannot read safetensors ({exc})") from exc
+            else:
+                import torch
+
+                state = torch.load(self.weights_path, map_location="cpu", weights_only=True)
+                self._handle = _DictHandle(state)
+        return self._handle
+
+    @property
+    def names(self) -> list[str]:
+        if self._names is None:
+            self._names = list(self._open().keys())
+        return self._names
+
+    def __contains__(self, name: str) -> bool:
+        return name in set(self.names)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        if name not in self._shapes:
+            self._require_name(name)
+            self._shapes[name] = tuple(int(d) for d in self._open().get_slice(name).get_shape())
+        return self._shapes[name]
+
+    def tensor(self, name: str) -> np.ndarray:
+        self._require_name(name)
+        value = self._open().get_tensor(name)
+        return value.float().numpy()
+
+    def _require_name(self, name: str) -> None:
+        if name not in self.names:
+            raise CheckpointError(
+                f"{self.weights_path}: tensor {name!r} is missing for {self.config.architecture}"
+            )
+
+
+class _DictHandle:
+    """Gives a loaded `pytorch_model.bin` state dict the safetensors handle interface."""
+
+    def __init__(self, state: dict) -> None:
+        self.state = state
+
+    def keys(self):
+        return self.state.keys()
+
+    def get_tensor(self, name):
+        return self.state[name]
+
+    def get_slice(self, name):
+        tensor = self.state[name]
+        return type("Slice", (), {"get_shape": lambda self: list(tensor.shape)})()
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def open_checkpoint(model: str, revision: str | None = None) -> Checkpoint:
+    """A local folder, or a Hugging Face id such as `timm/ghostnet_100.in1k` (fetched and cached)."""
+    path = Path(model).expanduser()
+    if path.exists():
+        if revision is not None:
+            raise CheckpointError(f"--revision applies to Hugging Face ids, not to the local folder {model}")
+        return Checkpoint(path)
+    if model.count("/") != 1 or model.startswith((".", "/")):
+        raise CheckpointError(f"{model}: no such folder, and not a Hugging Face id of the form owner/name")
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError as exc:  # pragma: no cover - a declared dependency
+        raise CheckpointError("huggingface_hub is not installed; pass a local checkpoint folder") from exc
+    log.info("fetching %s from the Hugging Face Hub", model)
+    try:
+        folder = snapshot_download(
+            model, revision=revision, allow_patterns=["config.json", "model.safetensors"]
+        )
+    except Exception as exc:
+        raise CheckpointError(
+            f"could not fetch {model} from the Hugging Face Hub ({type(exc).__name__}: {exc}). "
+            "Offline or behind a firewall? Download the model elsewhere and pass its local folder "
+            "(config.json + model.safetensors) instead."
+        ) from exc
+    resolved = Path(folder).name  # snapshot folders are named after the commit
+    checkpoint = Checkpoint(Path(folder))
+    checkpoint._source = Source(id=model, revision=resolved, sha256=file_sha256(checkpoint.weights_path))
+    return checkpoint
+

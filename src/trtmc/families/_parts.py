@@ -1,0 +1,169 @@
+"""Pieces that several families share: padding math, batch-norm reduction, conv-norm-act, SE.
+
+Each helper reads its tensors by timm module path from the checkpoint and names its nodes after
+that path, so graphs map back to the checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from ..checkpoint import Checkpoint, CheckpointError
+from ..graph import Activation, PoolMode
+from ..graph_builder import GraphBuilder, Tensor
+
+
+def same_padding(size: int, kernel: int, stride: int, dilation: int = 1) -> tuple[int, int]:
+    """TF "SAME" padding (before, after) for one spatial axis: the extra pixel goes after."""
+    total = max((math.ceil(size / stride) - 1) * stride + (kernel - 1) * dilation + 1 - size, 0)
+    return total // 2, total - total // 2
+
+
+def conv_padding(
+    x: Tensor, kernel: tuple[int, int], stride: int, *, tf_same: bool, dilation: int = 1
+) -> tuple[int, int, int, int]:
+    """(top, left, bottom, right): TF "SAME" for `tf_` models, else timm's symmetric default."""
+    if tf_same:
+        top, bottom = same_padding(x.shape[2], kernel[0], stride, dilation)
+        left, right = same_padding(x.shape[3], kernel[1], stride, dilation)
+        return (top, left, bottom, right)
+    ph = ((stride - 1) + dilation * (kernel[0] - 1)) // 2
+    pw = ((stride - 1) + dilation * (kernel[1] - 1)) // 2
+    return (ph, pw, ph, pw)
+
+
+def make_divisible(value: float, divisor: int = 8, min_value: int | None = None, round_limit: float = 0.9) -> int:
+    """timm's channel rounding."""
+    min_value = min_value or divisor
+    new = max(min_value, int(value + divisor / 2) // divisor * divisor)
+    if new < round_limit * value:
+        new += divisor
+    return new
+
+
+def fold_norm(ckpt: Checkpoint, prefix: str, eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """A batch norm's running statistics as one per-channel scale and shift, in float32."""
+    gamma = ckpt.tensor(f"{prefix}.weight")
+    beta = ckpt.tensor(f"{prefix}.bias")
+    mean = ckpt.tensor(f"{prefix}.running_mean")
+    var = ckpt.tensor(f"{prefix}.running_var")
+    if not gamma.shape == beta.shape == mean.shape == var.shape:
+        raise CheckpointError(f"batch norm {prefix}: parameter shapes differ")
+    # Divide in float64 so a tiny variance does not lose digits before the float32 result.
+    scale = gamma.astype(np.float64) / np.sqrt(var.astype(np.float64) + eps)
+    shift = beta.astype(np.float64) - mean.astype(np.float64) * scale
+    return scale.astype(np.float32), shift.astype(np.float32)
+
+
+def batch_norm(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str, eps: float) -> Tensor:
+    scale, shift = fold_norm(ckpt, prefix, eps)
+    return g.scale(x, prefix, scale, shift)
+
+
+def act(g: GraphBuilder, x: Tensor, fn: Activation | None, source: str) -> Tensor:
+    return x if fn is None else g.activation(x, fn, source)
+
+
+def conv(
+    g: GraphBuilder,
+    x: Tensor,
+    ckpt: Checkpoint,
+    prefix: str,
+    *,
+    stride: int = 1,
+    tf_same: bool = False,
+    dilation: int = 1,
+    padding: Sequence[int] | None = None,
+) -> Tensor:
+    """The convolution stored at `prefix.weight` (and `prefix.bias` if present).
+
+    Groups follow from the weight shape and the input width: depthwise and grouped convolutions
+    need no table.
+    """
+    weight = ckpt.tensor(f"{prefix}.weight")
+    in_per_group = weight.shape[1]
+    if x.channels % in_per_group:
+        raise CheckpointError(
+            f"{prefix}.weight {tuple(weight.shape)} cannot read an input of {x.channels} channels"
+        )
+    bias = ckpt.tensor(f"{prefix}.bias") if f"{prefix}.bias" in ckpt else None
+    if padding is None:
+        padding = conv_padding(x, weight.shape[2:], stride, tf_same=tf_same, dilation=dilation)
+    return g.conv2d(
+        x, prefix, weight, bias, stride=stride, padding=padding, dilation=dilation,
+        groups=x.channels // in_per_group,
+    )
+
+
+def conv_norm_act(
+    g: GraphBuilder,
+    x: Tensor,
+    ckpt: Checkpoint,
+    conv_prefix: str,
+    norm_prefix: str,
+    fn: Activation | None,
+    *,
+    eps: float,
+    stride: int = 1,
+    tf_same: bool = False,
+) -> Tensor:
+    x = conv(g, x, ckpt, conv_prefix, stride=stride, tf_same=tf_same)
+    x = batch_norm(g, x, ckpt, norm_prefix, eps)
+    return act(g, x, fn, f"{norm_prefix}.act" if fn else norm_prefix)
+
+
+def squeeze_excite(
+    g: GraphBuilder,
+    x: Tensor,
+    ckpt: Checkpoint,
+    prefix: str,
+    *,
+    inner: Activation,
+    gate: Activation,
+    reduce: str = "conv_reduce",
+    expand: str = "conv_expand",
+) -> Tensor:
+    """x * gate(expand(inner(reduce(mean(x))))) with 1x1 convolutions, as timm's SqueezeExcite."""
+    s = g.global_avg_pool(x, f"{prefix}.pool", keepdim=True)
+    s = conv(g, s, ckpt, f"{prefix}.{reduce}")
+    s = g.activation(s, inner, f"{prefix}.act1")
+    s = conv(g, s, ckpt, f"{prefix}.{expand}")
+    s = g.activation(s, gate, f"{prefix}.gate")
+    return g.mul(x, s, f"{prefix}.mul")
+
+
+def max_pool(g: GraphBuilder, x: Tensor, source: str, kernel: int, stride: int, padding: int) -> Tensor:
+    return g.pool2d(x, source, PoolMode.MAX, kernel, stride, padding)
+
+
+def classifier_head(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str = "classifier") -> Tensor:
+    """The final linear layer; checks its width against the config's class count."""
+    weight = ckpt.tensor(f"{prefix}.weight")
+    if weight.shape[0] != ckpt.config.num_classes:
+        raise CheckpointError(
+            f"{prefix}.weight has {weight.shape[0]} classes but config.json says num_classes="
+            f"{ckpt.config.num_classes}"
+        )
+    bias = ckpt.tensor(f"{prefix}.bias") if f"{prefix}.bias" in ckpt else None
+    return g.linear(x, prefix, weight, bias)
+
+
+def image_input(g: GraphBuilder, ckpt: Checkpoint) -> Tensor:
+    c, h, w = ckpt.config.pretrained.input_size
+    return g.input("pixels", (1, c, h, w))
+
+
+def block_indices(ckpt: Checkpoint, pattern: str) -> list[tuple[int, ...]]:
+    """Sorted, distinct integer groups that `pattern` (a regex with int groups) matches in key names."""
+    import re
+
+    regex = re.compile(pattern)
+    found = set()
+    for name in ckpt.names:
+        m = regex.match(name)
+        if m:
+            found.add(tuple(int(v) for v in m.groups()))
+    return sorted(found)

@@ -1,0 +1,149 @@
+"""Test helpers: timm checkpoints with random weights in the Hugging Face layout, and parity runs.
+
+Random weights are made less forgiving than timm's init: batch-norm statistics and affine
+parameters are drawn at random (small variances, so an eps mistake shows), so a missed norm, a
+wrong eps or a mis-ordered op changes the logits.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import torch
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+IMAGES = SHARED / "images"
+LITE0 = SHARED / "checkpoints" / "tf_efficientnet_lite0.in1k"
+REFERENCE = IMAGES / "reference_tf_efficientnet_lite0.json"
+
+
+def randomize_(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+                n = module.num_features
+                module.running_mean.copy_(torch.randn(n, generator=gen) * 0.1)
+                module.running_var.copy_(torch.rand(n, generator=gen) * 0.5 + 0.02)
+                module.weight.copy_(torch.rand(n, generator=gen) * 0.5 + 0.75)
+                module.bias.copy_(torch.randn(n, generator=gen) * 0.1)
+            elif isinstance(module, torch.nn.LayerNorm) or type(module).__name__.startswith("LayerNorm"):
+                if getattr(module, "weight", None) is not None:
+                    module.weight.copy_(torch.rand(module.weight.shape, generator=gen) * 0.5 + 0.75)
+                    module.bias.copy_(torch.randn(module.bias.shape, generator=gen) * 0.1)
+        for name, p in model.named_parameters():
+            if name.endswith("gamma") or ".ls" in name or "layer_scale" in name:
+                p.copy_(torch.rand(p.shape, generator=gen) * 0.5 + 0.5)
+    return model.eval()
+
+
+def save_timm_checkpoint(arch: str, folder: Path, *, seed: int = 0, labels: bool = False, **kwargs) -> Path:
+    """Create `arch` with timm, randomize it and save config.json + model.safetensors in `folder`."""
+    import timm
+    from safetensors.torch import save_file
+
+    torch.manual_seed(seed)
+    model = randomize_(timm.create_model(arch, pretrained=False, **kwargs), seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {k: v.contiguous() for k, v in model.state_dict().items() if not k.endswith("num_batches_tracked")}
+    save_file(state, str(folder / "model.safetensors"))
+    cfg = dict(model.pretrained_cfg)
+    config = {
+        "architecture": arch,
+        "num_classes": model.num_classes,
+        "num_features": getattr(model, "num_features", None),
+        "pretrained_cfg": {k: v for k, v in cfg.items() if isinstance(v, (int, float, str, list, tuple, bool, type(None)))},
+    }
+    if labels:
+        config["label_names"] = [f"class_{i}" for i in range(model.num_classes)]
+        config["label_descriptions"] = {f"class_{i}": f"description {i}" for i in range(model.num_classes)}
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
+    return folder
+
+
+def load_timm(folder: Path) -> torch.nn.Module:
+    """The timm model for a checkpoint folder, with its weights (the parity reference)."""
+    import timm
+    from safetensors.torch import load_file
+
+    config = json.loads((folder / "config.json").read_text())
+    model = timm.create_model(config["architecture"], pretrained=False, num_classes=config["num_classes"])
+    model.load_state_dict(load_file(str(folder / "model.safetensors")))
+    return model.eval()
+
+
+def trtmc_module(folder: Path, precision: str = "fp32") -> torch.nn.Module:
+    """trtmc's graph for a checkpoint, precision assigned, lowered to an (uncompiled) torch module."""
+    from trtmc.backends.torch_lowering import GraphModule
+    from trtmc.checkpoint import Checkpoint
+    from trtmc.families import build_graph
+    from trtmc.passes.precision import PrecisionPolicy, assign_precision
+
+    _, graph = build_graph(Checkpoint(folder), precision)
+    return GraphModule(assign_precision(graph, PrecisionPolicy(precision))).eval()
+
+
+def random_pixels(folder: Path, batch: int = 2, seed: int = 1) -> torch.Tensor:
+    config = json.loads((folder / "config.json").read_text())
+    c, h, w = config["pretrained_cfg"].get("input_size", [3, 224, 224])
+    return torch.randn(batch, c, h, w, generator=torch.Generator().manual_seed(seed))
+
+
+@lru_cache(maxsize=8)
+def photo_batch(input_size: tuple[int, int, int], interpolation: str, crop_pct: float, mean: tuple, std: tuple) -> torch.Tensor:
+    """The 22 shared photos through timm's own eval transform."""
+    from PIL import Image
+    from timm.data import create_transform
+
+    transform = create_transform(
+        input_size=input_size, interpolation=interpolation, crop_pct=crop_pct, mean=mean, std=std
+    )
+    paths = sorted(p for p in IMAGES.iterdir() if p.suffix in (".jpg", ".png"))
+    return torch.stack([transform(Image.open(p).convert("RGB")) for p in paths])
+
+
+def photos_for(folder: Path) -> torch.Tensor:
+    cfg = json.loads((folder / "config.json").read_text())["pretrained_cfg"]
+    return photo_batch(
+        tuple(cfg.get("input_size", (3, 224, 224))),
+        cfg.get("interpolation", "bicubic"),
+        float(cfg.get("crop_pct", 0.875)),
+        tuple(cfg.get("mean", (0.485, 0.456, 0.406))),
+        tuple(cfg.get("std", (0.229, 0.224, 0.225))),
+    )
+
+
+def relative_error(ours: torch.Tensor, reference: torch.Tensor) -> float:
+    """max |Δlogit| / max |logit|."""
+    return float((ours.float() - reference.float()).abs().max() / reference.float().abs().max())
+
+
+def kl_divergence(ours: torch.Tensor, reference: torch.Tensor) -> float:
+    """Mean KL(reference || ours) over the batch, from logits."""
+    p = torch.log_softmax(reference.double(), -1)
+    q = torch.log_softmax(ours.double(), -1)
+    return float((p.exp() * (p - q)).sum(-1).mean())
+
+
+def check_parity(folder: Path, *, low_precision: tuple[str, ...] = ("fp16", "bf16")) -> dict:
+    """fp32 relative error on random pixels; top-1 agreement and KL on the photos per precision.
+
+    Returns the numbers so a test can assert and report them.
+    """
+    reference = load_timm(folder)
+    x = random_pixels(folder)
+    with torch.no_grad():
+        report = {"fp32_rel_err": relative_error(trtmc_module(folder, "fp32")(x), reference(x))}
+        photos = photos_for(folder)
+        expected = reference(photos)
+        for precision in low_precision:
+            got = trtmc_module(folder, precision)(photos).float()
+            report[precision] = {
+                "top1_agree": float((got.argmax(-1) == expected.argmax(-1)).float().mean()),
+                "kl": kl_divergence(got, expected),
+                "finite": bool(torch.isfinite(got).all()),
+            }
+    return report
