@@ -154,6 +154,8 @@ class Checkpoint:
         self._names: list[str] | None = None
         self._shapes: dict[str, tuple[int, ...]] = {}
         self._handle = None
+        self.reads = 0
+        self.on_read = None  # optional callable(count): progress while weights load
 
     def _find_weights(self) -> Path:
         for name in ("model.safetensors", "pytorch_model.bin"):
@@ -204,6 +206,9 @@ class Checkpoint:
     def tensor(self, name: str) -> np.ndarray:
         self._require_name(name)
         value = self._open().get_tensor(name)
+        self.reads += 1
+        if self.on_read is not None:
+            self.on_read(self.reads)
         return value.float().numpy()
 
     def _require_name(self, name: str) -> None:

@@ -4,9 +4,9 @@ A backend module (`inductor`, `tensorrt`) provides:
 
 - `build(graph, spec: EngineSpec, progress) -> BuiltEngine`: the engine's files and the record the
   bundle manifest keeps for it;
-- `unavailable_reason(record: dict) -> str | None`: why this machine cannot run an engine built
-  with that record (None when it can), checked before anything is loaded;
-- `load(files: dict[str, bytes], record: dict) -> Engine`.
+- `unavailable_reason(record: dict, device: str) -> str | None`: why this machine cannot run an
+  engine built for `device` with that record (None when it can), checked before anything loads;
+- `load(files: dict[str, bytes], record: dict, graph: Graph, device: str) -> Engine`.
 
 Backends never import each other; the bundle writer and the runtime reach them through
 `backend_module(name)`.

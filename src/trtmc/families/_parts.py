@@ -167,3 +167,45 @@ def block_indices(ckpt: Checkpoint, pattern: str) -> list[tuple[int, ...]]:
         if m:
             found.add(tuple(int(v) for v in m.groups()))
     return sorted(found)
+
+
+def expect_shape(
+    ckpt: Checkpoint, name: str, *, rank: int | None = None, dims: dict[int, int] | None = None
+) -> tuple[int, ...]:
+    """The shape of tensor `name`, checked against a rank and known sizes (axis -> size) from names
+    and shapes only, so a malformed checkpoint is refused before any weight is read."""
+    shape = ckpt.shape(name)  # raises CheckpointError naming the tensor when it is missing
+    wrong_rank = rank is not None and len(shape) != rank
+    if wrong_rank or any(axis >= len(shape) or shape[axis] != size for axis, size in (dims or {}).items()):
+        want = ", ".join(f"dim {axis} = {size}" for axis, size in sorted((dims or {}).items()))
+        raise CheckpointError(
+            f"{ckpt.config.architecture}: tensor {name!r} has shape {shape}; expected"
+            f"{f' rank {rank}' if rank is not None else ''}{' with ' + want if want else ''}"
+        )
+    return shape
+
+
+def norm_shapes(prefix: str, channels: int) -> dict[str, tuple[int, ...]]:
+    """The four tensors of a batch norm at `prefix`, for an `expect_tensors` table."""
+    return {f"{prefix}.{leaf}": (channels,) for leaf in ("weight", "bias", "running_mean", "running_var")}
+
+
+def expect_tensors(ckpt: Checkpoint, expected: dict[str, tuple[int, ...]]) -> None:
+    """The checkpoint holds exactly the tensors in `expected`, with exactly those shapes.
+
+    Reads names and shapes only. A missing or mis-shaped tensor is a `CheckpointError`; a tensor the
+    layout does not account for (another variant's layer scale or qk-norm, a distillation head) is
+    `UnsupportedModel`, so a build never drops weights silently. Batch-norm `num_batches_tracked`
+    counters are ignored: they do not take part in inference.
+    """
+    from . import UnsupportedModel
+
+    for name, shape in expected.items():
+        expect_shape(ckpt, name, rank=len(shape), dims=dict(enumerate(shape)))
+    unknown = sorted(n for n in ckpt.names if n not in expected and not n.endswith(".num_batches_tracked"))
+    if unknown:
+        shown = ", ".join(f"{n} {ckpt.shape(n)}" for n in unknown[:3])
+        more = f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
+        raise UnsupportedModel(
+            f"{ckpt.config.architecture}: the checkpoint holds tensors this layout does not use: {shown}{more}"
+        )

@@ -1,0 +1,598 @@
+"""The TensorRT backend: a precision-assigned graph becomes a strongly typed network and a plan.
+
+Uses the `tensorrt` module when it imports, else `tensorrt_rtx` (see `tensorrt_lowering`). Where the
+two differ:
+
+- TensorRT-RTX builds on a CPU-only machine and targets compute capabilities chosen in the builder
+  config (`set_compute_capability`; by default 8.0, 8.6, 8.9 and 12.x, never 9.0); the full TensorRT
+  builds on a GPU, for that GPU.
+- Both take a strongly typed network here, so neither gets precision flags; TensorRT-RTX has no
+  FP16/BF16/INT8 builder flags and no INT8/FP8 calibrators at all (FP8 comes as explicit Q/DQ).
+- TensorRT-RTX rejects some full-TensorRT getters (`hardware_compatibility_level` logs an internal
+  error), so the builder config is only ever written, never read back.
+- TensorRT-RTX keeps timing-cache calls as no-ops (since 1.2), so `EngineSpec.timing_cache` only
+  matters with the full TensorRT.
+- At run time TensorRT-RTX compiles its kernels just in time and captures CUDA graphs itself
+  (`IRuntimeConfig.cuda_graph_strategy`); with the full TensorRT we capture the execute call with torch.
+
+Backend interface: `build`, `unavailable_reason`, `load` (see `backends/__init__.py`); tests and
+`trtmc inspect` also use `define_network` and `network_precisions`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import importlib
+import json
+import logging
+import os
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from ..graph import DType, Graph, OpKind
+from . import BuiltEngine, EngineSpec, Progress
+from .tensorrt_lowering import INPUT_NAME, OUTPUT_NAME, TRT_LOWERINGS, TRT_MODULE, Lowerer, UnsupportedNode, trt, trt_dtype
+
+_log = logging.getLogger(__name__)
+
+PLAN_FILE = "engine.plan"
+BUILDERS = ("tensorrt", "tensorrt_rtx")
+_PIP = {"tensorrt": "tensorrt", "tensorrt_rtx": "tensorrt-rtx-cu12 or tensorrt-rtx-cu13"}
+# What a TensorRT-RTX plan built with the default builder config runs on ("12.x": any 12.y).
+RTX_DEFAULT_TARGETS = ("8.0", "8.6", "8.9", "12.x")
+
+
+class TensorRTBuildError(RuntimeError):
+    """TensorRT rejected the network or the build; the message carries TensorRT's own errors."""
+
+    def __init__(self, message: str, tensorrt_errors: list[str] = ()):  # type: ignore[assignment]
+        self.tensorrt_errors = list(tensorrt_errors)
+        if self.tensorrt_errors:
+            message += "\n" + "\n".join(f"  TensorRT: {e}" for e in self.tensorrt_errors)
+        super().__init__(message)
+
+
+class TensorRTLoadError(RuntimeError):
+    pass
+
+
+# ---- logging and progress: TensorRT calls back into Python --------------------------------------
+
+_CLASSES: dict[tuple[str, str], type] = {}
+
+
+def _logger(module) -> Any:
+    """An ILogger that keeps every error message (for exceptions) and forwards warnings to logging."""
+    key = (module.__name__, "logger")
+    if key not in _CLASSES:
+
+        class CapturingLogger(module.ILogger):
+            def __init__(self) -> None:
+                module.ILogger.__init__(self)
+                self.errors: list[str] = []
+
+            def log(self, severity, msg) -> None:
+                if severity <= module.ILogger.ERROR:  # ERROR and INTERNAL_ERROR
+                    self.errors.append(msg)
+                    _log.debug("TensorRT error: %s", msg)
+                elif severity == module.ILogger.WARNING:
+                    _log.warning("TensorRT: %s", msg)
+                elif severity == module.ILogger.INFO:
+                    _log.debug("TensorRT: %s", msg)
+
+        _CLASSES[key] = CapturingLogger
+    return _CLASSES[key]()
+
+
+def _progress_monitor(module, progress: Progress) -> Any:
+    """Reports the builder's top-level phases through `progress`."""
+    key = (module.__name__, "monitor")
+    if key not in _CLASSES:
+
+        class Monitor(module.IProgressMonitor):
+            def __init__(self, progress: Progress) -> None:
+                module.IProgressMonitor.__init__(self)
+                self.progress = progress
+
+            def phase_start(self, phase_name, parent_phase, num_steps) -> None:
+                if parent_phase is None:
+                    try:
+                        self.progress(f"TensorRT: {phase_name}")
+                    except Exception:  # a callback must not raise into TensorRT
+                        _log.exception("progress callback failed")
+
+            def step_complete(self, phase_name, step) -> bool:
+                return True
+
+            def phase_finish(self, phase_name) -> None:
+                pass
+
+        _CLASSES[key] = Monitor
+    return _CLASSES[key](progress)
+
+
+def _require_builder() -> None:
+    if trt is None:
+        raise TensorRTBuildError(
+            "neither the tensorrt nor the tensorrt_rtx Python module imports here; "
+            "`pip install tensorrt-rtx-cu13` builds plans on any machine, CPU-only included"
+        )
+
+
+# ---- the network definition ----------------------------------------------------------------------
+
+
+@dataclass
+class NetworkDefinition:
+    """A strongly typed network, ready for the builder; `keepalive` holds the arrays it points into."""
+
+    builder: Any
+    network: Any
+    logger: Any
+    keepalive: list = field(default_factory=list)
+    input_shape: tuple[int, ...] = ()  # (C, H, W): the batch is dimension 0, free at run time
+    io_dtype: DType = DType.F32
+
+    def layers(self) -> list[dict]:
+        return describe_layers(self.network)
+
+    def precisions(self) -> dict[str, dict[str, int]]:
+        return network_precisions(self.network)
+
+
+def define_network(graph: Graph, spec: EngineSpec) -> NetworkDefinition:
+    """Lower every node of a precision-assigned graph; raises TensorRTBuildError naming the node
+    TensorRT rejects, with TensorRT's messages."""
+    _require_builder()
+    graph.verify()
+    missing = sorted({n.kind.value for n in graph.nodes if n.kind not in TRT_LOWERINGS})
+    if missing:
+        raise UnsupportedNode(f"no TensorRT lowering for {', '.join(missing)}")
+    inputs = graph.inputs
+    if len(inputs) != 1 or len(graph.outputs) != 1:
+        raise UnsupportedNode(
+            f"a TensorRT engine takes one input and gives one output; the graph has {len(inputs)} inputs "
+            f"and {len(graph.outputs)} outputs"
+        )
+    for role, node in (("input", inputs[0]), ("output", graph.node(graph.outputs[0]))):
+        if node.type.dtype is not spec.io_dtype:
+            raise ValueError(
+                f"the graph's {role} {node.name!r} is {node.type.dtype.value} but the engine spec asks for "
+                f"io_dtype {spec.io_dtype.value}; assign precision with the same io_dtype"
+            )
+
+    logger = _logger(trt)
+    builder = trt.Builder(logger)
+    network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+    lowerer = Lowerer(network, graph)
+    tensors: dict[str, Any] = {}
+    for node in graph.nodes:
+        lowerer.node = node
+        seen = len(logger.errors)
+        where = f"{node.kind.value} node {node.name!r} (from {node.source!r}, {node.type})"
+        try:
+            out = TRT_LOWERINGS[node.kind](lowerer, node, [tensors[i] for i in node.inputs])
+            # Reading the shape runs TensorRT's shape inference now, so its complaint names this node.
+            shape, dtype = tuple(out.shape), out.dtype
+        except UnsupportedNode as exc:
+            raise TensorRTBuildError(f"cannot lower {where}: {exc}", logger.errors[seen:]) from exc
+        except (RuntimeError, TypeError, ValueError, AttributeError) as exc:
+            raise TensorRTBuildError(f"TensorRT rejected {where}: {exc}", logger.errors[seen:]) from exc
+        if len(logger.errors) > seen:
+            raise TensorRTBuildError(f"TensorRT rejected {where}", logger.errors[seen:])
+        if shape[1:] != node.type.shape[1:] or dtype != trt_dtype(node.type.dtype):
+            raise TensorRTBuildError(
+                f"the TensorRT lowering of {where} gives {_dtype_name(dtype)}{list(shape)}: it does not mean what the graph says"
+            )
+        if node.kind is not OpKind.INPUT and node.name not in (INPUT_NAME, OUTPUT_NAME):
+            out.name = node.name
+        tensors[node.name] = out
+
+    output = tensors[graph.outputs[0]]
+    output.name = OUTPUT_NAME
+    network.mark_output(output)
+    if logger.errors:
+        raise TensorRTBuildError("TensorRT rejected the network's output", logger.errors)
+    return NetworkDefinition(
+        builder=builder,
+        network=network,
+        logger=logger,
+        keepalive=lowerer.keepalive,
+        input_shape=tuple(inputs[0].type.shape[1:]),
+        io_dtype=spec.io_dtype,
+    )
+
+
+def _dtype_name(dtype) -> str:
+    return {"FLOAT": "f32", "HALF": "f16", "BF16": "bf16"}.get(dtype.name, dtype.name.lower())
+
+
+def describe_layers(network) -> list[dict]:
+    """Per layer of a network definition: name, type, input/output dtypes, and the kernel dtype of
+    convolutions (their weights are not tensors, so they are read from the layer)."""
+    layers = []
+    for i in range(network.num_layers):
+        layer = network.get_layer(i)
+        tensors_in = [layer.get_input(j) for j in range(layer.num_inputs)]
+        info = {
+            "name": layer.name,
+            "type": layer.type.name,
+            "inputs": [_dtype_name(t.dtype) for t in tensors_in if t is not None],
+            "outputs": [_dtype_name(layer.get_output(j).dtype) for j in range(layer.num_outputs)],
+        }
+        if layer.type == trt.LayerType.CONVOLUTION:
+            layer.__class__ = trt.IConvolutionLayer  # get_layer returns the base class
+            info["weights"] = _dtype_name(layer.kernel.dtype)
+        layers.append(info)
+    return layers
+
+
+def _precision(info: dict) -> str:
+    if info["type"] == "CAST":
+        return f"{info['inputs'][0]}->{info['outputs'][0]}"
+    if info["type"] == "SHAPE":  # reads only dimensions: its precision is that of the shape it gives
+        return info["outputs"][0]
+    return (info["inputs"] or info["outputs"])[0]
+
+
+def network_precisions(network) -> dict[str, dict[str, int]]:
+    """Layer counts per kind and precision, e.g. {"CONVOLUTION": {"bf16": 53}, "CAST": {"f32->bf16": 1}}.
+
+    A layer's precision is the dtype it reads (its first input; a constant's output); a cast shows
+    both ends, and a shape layer the integer type it gives.
+    """
+    counts: dict[str, Counter] = {}
+    for info in describe_layers(network):
+        counts.setdefault(info["type"], Counter())[_precision(info)] += 1
+    return {kind: dict(sorted(c.items())) for kind, c in sorted(counts.items())}
+
+
+# ---- the timing cache: one file shared by concurrent builds --------------------------------------
+
+
+def update_file_atomically(path: Path, update: Callable[[bytes | None], bytes]) -> None:
+    """Replace `path` with `update(current bytes, or None)` under an exclusive flock on `<path>.lock`.
+
+    Concurrent writers take turns and each sees the previous one's result; the new content goes to a
+    temporary file in the same directory first and then `os.replace`s the old one, so readers only
+    ever see a whole file.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            data = update(path.read_bytes() if path.exists() else None)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(data)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                os.replace(tmp, path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+class _TimingCache:
+    """Loads the cache file into the builder config; `save` merges the updated cache back into the
+    file (entries another build saved meanwhile are kept)."""
+
+    def __init__(self, config, path: Path) -> None:
+        self.config, self.path = config, Path(path)
+        data = self.path.read_bytes() if self.path.exists() else b""
+        self.cache = self._parse(data)
+        self.loaded = bool(data) and self.cache is not None
+        if self.cache is None or not config.set_timing_cache(self.cache, False):
+            _log.warning("timing cache %s does not fit this builder; starting an empty one", self.path)
+            self.cache, self.loaded = self._parse(b""), False
+            config.set_timing_cache(self.cache, False)
+
+    def _parse(self, data: bytes):
+        try:
+            return self.config.create_timing_cache(data)
+        except Exception as exc:  # a truncated or foreign file: rebuild the cache rather than fail the build
+            _log.warning("ignoring unreadable timing cache %s: %s", self.path, exc)
+            return None
+
+    def _merged(self, current: bytes | None) -> bytes:
+        theirs = self._parse(current) if current else None
+        if theirs is not None:
+            self.cache.combine(theirs, False)
+        return bytes(memoryview(self.cache.serialize()))
+
+    def save(self) -> None:
+        update_file_atomically(self.path, self._merged)
+
+
+# ---- build -----------------------------------------------------------------------------------------
+
+
+def _version(module) -> str:
+    return str(module.__version__)
+
+
+def _short(version: str) -> str:
+    return ".".join(version.split(".")[:3])
+
+
+def _quiet(message: str) -> None:
+    pass
+
+
+def build(graph: Graph, spec: EngineSpec, progress: Progress | None = None) -> BuiltEngine:
+    """Build a plan for `graph` (precision already assigned) as `spec` asks; see the module docstring."""
+    progress = progress or _quiet
+    if spec.backend != "tensorrt":
+        raise ValueError(f"the tensorrt backend cannot build a {spec.backend!r} engine")
+    if spec.device != "cuda":
+        raise ValueError(f"TensorRT engines run on cuda, not {spec.device!r}")
+    if not 0 <= spec.opt_level <= 5:
+        raise ValueError(f"TensorRT optimization level must be 0..5, got {spec.opt_level}")
+    if spec.max_batch < 1:
+        raise ValueError(f"max_batch must be at least 1, got {spec.max_batch}")
+    definition = define_network(graph, spec)
+    builder, network = definition.builder, definition.network
+    progress(f"TensorRT network: {network.num_layers} layers ({TRT_MODULE} {_version(trt)})")
+
+    config = builder.create_builder_config()
+    config.builder_optimization_level = spec.opt_level
+    if spec.workspace:
+        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(spec.workspace))
+    shapes = {
+        "min": (1, *definition.input_shape),
+        "opt": (spec.max_batch, *definition.input_shape),
+        "max": (spec.max_batch, *definition.input_shape),
+    }
+    profile = builder.create_optimization_profile()
+    profile.set_shape(INPUT_NAME, shapes["min"], shapes["opt"], shapes["max"])
+    config.add_optimization_profile(profile)
+    monitor = _progress_monitor(trt, progress)
+    config.progress_monitor = monitor
+    # TensorRT-RTX (from 1.2) keeps timing-cache calls as no-ops, and reading a cache file back on a
+    # CPU-only machine logs CUDA errors, so only the full TensorRT gets one.
+    use_cache = spec.timing_cache is not None and TRT_MODULE == "tensorrt"
+    cache = _TimingCache(config, spec.timing_cache) if use_cache else None
+
+    started = time.perf_counter()
+    plan = builder.build_serialized_network(network, config)
+    seconds = time.perf_counter() - started
+    if plan is None:
+        raise TensorRTBuildError(
+            f"{TRT_MODULE} {_version(trt)} could not build the plan for {spec.key}", definition.logger.errors
+        )
+    data = bytes(memoryview(plan))
+    if cache is not None:
+        cache.save()
+    progress(f"TensorRT plan: {len(data) / 1e6:.1f} MB in {seconds:.1f} s")
+
+    record: dict[str, Any] = {
+        "builder": TRT_MODULE,
+        "builder_version": _version(trt),
+        "options": {
+            "opt_level": spec.opt_level,
+            "workspace": spec.workspace,
+            "max_batch": spec.max_batch,
+            "io_dtype": spec.io_dtype.value,
+            "profile": {k: list(v) for k, v in shapes.items()},
+        },
+        "compute_capabilities": _build_targets(),
+        "network_layers": network.num_layers,
+        "layer_precisions": definition.precisions(),
+        "plan_bytes": len(data),
+        "build_seconds": round(seconds, 3),
+    }
+    if cache is not None:
+        record["timing_cache"] = "reused" if cache.loaded else "created"
+    elif spec.timing_cache is not None:
+        record["timing_cache"] = f"not used: timing caches are no-ops in {TRT_MODULE}"
+    engine_layers = _engine_layer_count(data, record)
+    if engine_layers is not None:
+        record["engine_layers"] = engine_layers
+    del definition, monitor  # the network's weights may go only now that the plan exists
+    return BuiltEngine(spec=spec, files={PLAN_FILE: data}, record=record)
+
+
+def _gpu() -> tuple[tuple[int, int], str] | None:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_capability(), torch.cuda.get_device_name()
+    except Exception:  # a broken CUDA install reads as no GPU
+        pass
+    return None
+
+
+def _build_targets() -> list[str]:
+    if TRT_MODULE == "tensorrt_rtx":
+        return list(RTX_DEFAULT_TARGETS)  # the builder config keeps TensorRT-RTX's portable default
+    gpu = _gpu()
+    return [f"{gpu[0][0]}.{gpu[0][1]}"] if gpu else []
+
+
+def _engine_layer_count(plan: bytes, record: dict) -> int | None:
+    """Layers of the built engine, where this machine can deserialize it (a supported GPU)."""
+    if unavailable_reason(record) is not None:
+        return None
+    try:
+        runtime = trt.Runtime(_logger(trt))
+        engine = runtime.deserialize_cuda_engine(plan)
+        info = json.loads(engine.create_engine_inspector().get_engine_information(trt.LayerInformationFormat.JSON))
+        return len(info.get("Layers", []))
+    except Exception as exc:
+        _log.info("could not inspect the built engine: %s", exc)
+        return None
+
+
+# ---- can it run here? ------------------------------------------------------------------------------
+
+
+def _runs_on(capability: tuple[int, int], targets: list[str]) -> bool:
+    major, minor = capability
+    return any(t == f"{major}.{minor}" or t == f"{major}.x" for t in targets)
+
+
+def unavailable_reason(record: dict) -> str | None:
+    """None when this machine can run a plan built with `record`, else one line saying why not."""
+    builder, version = record.get("builder"), str(record.get("builder_version", "?"))
+    if builder not in BUILDERS:
+        return f"this TensorRT engine names an unknown builder {builder!r}; rebuild it"
+    try:
+        module = importlib.import_module(builder)
+    except Exception as exc:
+        return f"this plan needs the {builder} Python module (pip: {_PIP[builder]}), which does not import here: {exc}"
+    gpu = _gpu()
+    if gpu is None:
+        return "TensorRT plans run only on a CUDA GPU and none is available here; use the inductor engine"
+    (major, minor), name = gpu
+    targets = record.get("compute_capabilities") or (list(RTX_DEFAULT_TARGETS) if builder == "tensorrt_rtx" else [])
+    if not _runs_on((major, minor), targets):
+        if builder == "tensorrt_rtx":
+            return (
+                f"TensorRT-RTX plans cannot run on compute capability {major}.{minor} ({name}); this bundle's plan "
+                f"was built by tensorrt_rtx {_short(version)}; use another engine or rebuild with the full TensorRT "
+                f"on this GPU"
+            )
+        built_for = ", ".join(targets) or "an unrecorded GPU"
+        return (
+            f"this TensorRT plan was built for compute capability {built_for} and cannot run on {major}.{minor} "
+            f"({name}); rebuild it on this GPU or use another engine"
+        )
+    here = _version(module)
+    if here != version:
+        return (
+            f"this plan was built by {builder} {version} but {builder} here is {here}; plans load only with the "
+            f"version that built them: install {builder}=={version} or rebuild the engine"
+        )
+    return None
+
+
+# ---- load and run ----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Slot:
+    """One batch size: its own execution context, device buffers bound to it, and a CUDA graph."""
+
+    context: Any
+    input: Any
+    output: Any
+    graph: Any = None
+
+
+class TensorRTEngine:
+    """A deserialized plan; `engine(pixels)` takes a CUDA (N, C, H, W) tensor and gives float32 logits."""
+
+    device = "cuda"
+
+    def __init__(self, plan: bytes, record: dict) -> None:
+        import torch
+
+        reason = unavailable_reason(record)
+        if reason:
+            raise TensorRTLoadError(reason)
+        self._torch = torch
+        self._trt = module = importlib.import_module(record["builder"])
+        self._logger = _logger(module)
+        self._runtime = module.Runtime(self._logger)
+        self._engine = self._runtime.deserialize_cuda_engine(plan)
+        if self._engine is None:
+            raise TensorRTLoadError("\n".join([f"{record['builder']} could not deserialize the plan", *self._logger.errors]))
+        self.max_batch = int(record["options"]["max_batch"])
+        dtypes = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+        self._input_dtype = dtypes[_dtype_name(self._engine.get_tensor_dtype(INPUT_NAME))]
+        self._output_dtype = dtypes[_dtype_name(self._engine.get_tensor_dtype(OUTPUT_NAME))]
+        self._chw = tuple(self._engine.get_tensor_shape(INPUT_NAME))[1:]
+        self._device = torch.device("cuda", torch.cuda.current_device())
+        self._stream = torch.cuda.Stream(self._device)
+        self._slots: dict[int, _Slot] = {}
+        # TensorRT-RTX captures CUDA graphs itself (it JIT-compiles kernels per shape first).
+        self._native_graphs = hasattr(module, "CudaGraphStrategy") and hasattr(self._engine, "create_runtime_config")
+
+    def _context(self):
+        if self._native_graphs:
+            config = self._engine.create_runtime_config()
+            config.cuda_graph_strategy = self._trt.CudaGraphStrategy.WHOLE_GRAPH_CAPTURE
+            # Compile the shape-specialised kernels on a batch size's first call rather than in the
+            # background, so every later call (and the captured graph) runs them.
+            config.dynamic_shapes_kernel_specialization_strategy = (
+                self._trt.DynamicShapesKernelSpecializationStrategy.EAGER
+            )
+            return self._engine.create_execution_context(config)
+        return self._engine.create_execution_context()
+
+    def _execute(self, context) -> None:
+        if not context.execute_async_v3(self._stream.cuda_stream):
+            raise RuntimeError("\n".join(["TensorRT inference failed", *self._logger.errors[-5:]]))
+
+    def _slot(self, batch: int) -> _Slot:
+        torch = self._torch
+        context = self._context()
+        if context is None:
+            raise TensorRTLoadError("\n".join(["TensorRT could not create an execution context", *self._logger.errors]))
+        x = torch.zeros((batch, *self._chw), dtype=self._input_dtype, device=self._device)
+        if not context.set_input_shape(INPUT_NAME, tuple(x.shape)):
+            raise ValueError(f"this plan does not take a batch of {batch} (its profile is 1..{self.max_batch})")
+        y = torch.empty(tuple(context.get_tensor_shape(OUTPUT_NAME)), dtype=self._output_dtype, device=self._device)
+        context.set_tensor_address(INPUT_NAME, x.data_ptr())
+        context.set_tensor_address(OUTPUT_NAME, y.data_ptr())
+        slot = _Slot(context, x, y)
+        with torch.cuda.stream(self._stream):
+            self._execute(context)  # lazy initialisation happens here, outside any capture
+        self._stream.synchronize()
+        if not self._native_graphs:
+            slot.graph = self._capture(context)
+        return slot
+
+    def _capture(self, context):
+        torch = self._torch
+        if hasattr(context, "is_stream_capturable") and not context.is_stream_capturable(self._stream.cuda_stream):
+            return None
+        try:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=self._stream):
+                self._execute(context)
+            return graph
+        except Exception as exc:  # some plans cannot be captured: run them uncaptured
+            _log.info("CUDA graph capture of the TensorRT engine failed (%s); executing directly", exc)
+            return None
+
+    def _run(self, pixels):
+        torch = self._torch
+        batch = pixels.shape[0]
+        if batch not in self._slots:
+            self._slots[batch] = self._slot(batch)
+        slot = self._slots[batch]
+        current = torch.cuda.current_stream(self._device)
+        self._stream.wait_stream(current)
+        with torch.cuda.stream(self._stream):
+            slot.input.copy_(pixels)
+            if slot.graph is not None:
+                slot.graph.replay()
+            else:
+                self._execute(slot.context)
+            logits = slot.output.float() if slot.output.dtype != torch.float32 else slot.output.clone()
+        current.wait_stream(self._stream)
+        logits.record_stream(current)
+        return logits
+
+    def __call__(self, pixels):
+        if pixels.ndim != 4 or tuple(pixels.shape[1:]) != self._chw or pixels.shape[0] == 0:
+            raise ValueError(f"expected pixels of shape (N, {', '.join(map(str, self._chw))}), got {tuple(pixels.shape)}")
+        pixels = pixels.to(self._device)
+        chunks = [self._run(chunk) for chunk in pixels.split(self.max_batch)]
+        return chunks[0] if len(chunks) == 1 else self._torch.cat(chunks)
+
+
+def load(files: dict[str, bytes], record: dict) -> TensorRTEngine:
+    if PLAN_FILE not in files:
+        raise TensorRTLoadError(f"the TensorRT engine has no {PLAN_FILE}; its members are {sorted(files)}")
+    return TensorRTEngine(files[PLAN_FILE], record)

@@ -1,0 +1,334 @@
+"""Lowering the graph to a strongly typed TensorRT network: one function per op kind.
+
+`TRT_LOWERINGS` parallels `torch_lowering.LOWERINGS` key for key, and each entry means exactly what
+its torch twin means. Precision comes only from tensor types: every constant and weight is handed to
+TensorRT in the dtype of the node that reads it (bf16 through torch, since numpy has none), and the
+precision pass has already put a CAST wherever dtypes change. Layers are named `[kind]-<node name>`
+(`[kind]-<node name>/<role>` for helper layers), so TensorRT's messages and reports map back to the
+checkpoint.
+
+`trt` is the `tensorrt` module when it imports, else `tensorrt_rtx` (same API family; see the notes
+where they differ), else None: the table still imports, so the parity test and
+`unavailable_reason` work on machines without either.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from ..graph import Activation, Binary, DType, Graph, Node, OpKind, PoolMode, Reduction
+
+for _name in ("tensorrt", "tensorrt_rtx"):
+    try:
+        trt: Any = importlib.import_module(_name)
+        TRT_MODULE: str | None = _name
+        break
+    except (ImportError, OSError):  # OSError: the wheel is there but its libraries are not
+        continue
+else:
+    trt = None
+    TRT_MODULE = None
+
+INPUT_NAME = "pixels"
+OUTPUT_NAME = "logits"
+
+
+class UnsupportedNode(ValueError):
+    """A node this lowering cannot express; the message names the op, the node and the reason."""
+
+
+def trt_dtype(dtype: DType):
+    return {DType.F32: trt.float32, DType.F16: trt.float16, DType.BF16: trt.bfloat16}[dtype]
+
+
+def host_array(value: np.ndarray, dtype: DType) -> np.ndarray:
+    """The bytes TensorRT reads for `value` in `dtype`; bf16 goes through torch (numpy has no bf16)."""
+    value = np.ascontiguousarray(value, dtype=np.float32)
+    if dtype is DType.F32:
+        return value
+    if dtype is DType.F16:
+        return value.astype(np.float16)
+    import torch
+
+    return torch.from_numpy(value).to(torch.bfloat16).view(torch.int16).numpy().copy()
+
+
+@dataclass
+class Lowerer:
+    """What a lowering needs: the network, the graph's weights, and the arrays TensorRT points into."""
+
+    network: Any
+    graph: Graph
+    # TensorRT keeps raw pointers into these arrays until the plan is built.
+    keepalive: list[np.ndarray] = field(default_factory=list)
+    node: Node | None = None
+    _batch: Any = None
+    _shapes: dict = field(default_factory=dict)
+
+    # ---- weights and constants ----
+
+    def weights(self, key: str | None, dtype: DType | None = None):
+        """The graph weight `key` as trt.Weights in `dtype` (default: the current node's dtype)."""
+        if key is None:
+            return None
+        return self.array_weights(self.graph.weights[key], dtype or self.node.type.dtype)
+
+    def array_weights(self, value: np.ndarray, dtype: DType):
+        array = host_array(value, dtype)
+        self.keepalive.append(array)
+        return trt.Weights(trt_dtype(dtype), array.ctypes.data, array.size)
+
+    def constant(self, value: np.ndarray, shape: tuple[int, ...], role: str, dtype: DType | None = None):
+        """A constant tensor of `shape` holding `value` in `dtype` (default: the node's dtype)."""
+        value = np.asarray(value, dtype=np.float32).reshape(shape)
+        layer = self.network.add_constant(tuple(shape), self.array_weights(value, dtype or self.node.type.dtype))
+        return self.out(layer, role)
+
+    def channel_shape(self, axis: int) -> tuple[int, ...]:
+        """[1, .., C, .., 1]: a per-channel constant that broadcasts along every other axis."""
+        shape = [1] * len(self.node.type.shape)
+        shape[axis] = self.node.type.shape[axis]
+        return tuple(shape)
+
+    def batched_shape(self, rest: tuple[int, ...]):
+        """A shape tensor [N, *rest] with N, the batch, read from the input at run time (shared by
+        every op that asks for the same shape, so its layers are named after the shape)."""
+        key = tuple(int(d) for d in rest)
+        if key not in self._shapes:
+            if self._batch is None:
+                shape = self.network.add_shape(self.network.get_input(0))
+                shape.name = f"[shape]-{INPUT_NAME}"
+                batch = self.network.add_slice(shape.get_output(0), (0,), (1,), (1,))
+                batch.name = "[shape]-batch"
+                self._batch = batch.get_output(0)
+            array = np.asarray(key, dtype=np.int64)
+            self.keepalive.append(array)
+            dims = self.network.add_constant(array.shape, trt.Weights(trt.int64, array.ctypes.data, array.size))
+            dims.name = f"[shape]-{list(key)}"
+            layer = self.network.add_concatenation([self._batch, dims.get_output(0)])
+            layer.name = f"[shape]-{['N', *key]}"
+            self._shapes[key] = layer.get_output(0)
+        return self._shapes[key]
+
+    # ---- layers ----
+
+    def named(self, layer, role: str | None = None):
+        if layer is None:
+            raise UnsupportedNode(f"TensorRT returned no layer for {self.node.kind.value} {self.node.name!r}")
+        layer.name = f"[{self.node.kind.value}]-{self.node.name}" + (f"/{role}" if role else "")
+        return layer
+
+    def out(self, layer, role: str | None = None):
+        """Name the layer and return its output tensor."""
+        return self.named(layer, role).get_output(0)
+
+    def binary(self, a, b, op: str, role: str | None = None):
+        return self.out(self.network.add_elementwise(a, b, getattr(trt.ElementWiseOperation, op)), role)
+
+    def activation(self, x, kind: str, role: str | None = None, alpha: float | None = None, beta: float | None = None):
+        layer = self.named(self.network.add_activation(x, getattr(trt.ActivationType, kind)), role)
+        if alpha is not None:
+            layer.alpha = alpha
+        if beta is not None:
+            layer.beta = beta
+        return layer.get_output(0)
+
+
+Lowering = Callable[[Lowerer, Node, list], Any]
+TRT_LOWERINGS: dict[OpKind, Lowering] = {}
+
+
+def lowering(kind: OpKind):
+    def register(fn: Lowering) -> Lowering:
+        if kind in TRT_LOWERINGS:
+            raise RuntimeError(f"TensorRT lowering for {kind.value} registered twice")
+        TRT_LOWERINGS[kind] = fn
+        return fn
+
+    return register
+
+
+def _mask(axes) -> int:
+    return sum(1 << a for a in axes)
+
+
+@lowering(OpKind.INPUT)
+def _input(lw, node, args):
+    if lw.network.num_inputs:
+        raise UnsupportedNode(f"input {node.name!r}: a TensorRT engine here takes one input, {INPUT_NAME!r}")
+    return lw.network.add_input(INPUT_NAME, trt_dtype(node.type.dtype), (-1, *node.type.shape[1:]))
+
+
+@lowering(OpKind.CONSTANT)
+def _constant(lw, node, args):
+    return lw.constant(lw.graph.weights[node.attrs.weight], node.type.shape, None)
+
+
+@lowering(OpKind.CONV2D)
+def _conv2d(lw, node, args):
+    a = node.attrs
+    out_c, _, kh, kw = lw.graph.weights[a.weight].shape
+    extra = {"bias": lw.weights(a.bias)} if a.bias else {}
+    layer = lw.named(lw.network.add_convolution_nd(args[0], out_c, (kh, kw), lw.weights(a.weight), **extra))
+    layer.stride_nd = a.stride
+    layer.dilation_nd = a.dilation
+    layer.num_groups = a.groups
+    top, left, bottom, right = a.padding  # TF "SAME" is asymmetric: pre and post padding differ
+    layer.pre_padding = (top, left)
+    layer.post_padding = (bottom, right)
+    return layer.get_output(0)
+
+
+@lowering(OpKind.SCALE)
+def _scale(lw, node, args):
+    a = node.attrs
+    if len(node.type.shape) >= 3:  # IScaleLayer needs rank 3 or more
+        layer = lw.network.add_scale_nd(
+            args[0], trt.ScaleMode.CHANNEL, lw.weights(a.shift), lw.weights(a.scale), None, a.axis
+        )
+        return lw.out(layer)
+    shape = lw.channel_shape(a.axis)
+    scaled = lw.binary(args[0], lw.constant(lw.graph.weights[a.scale], shape, "scale"), "PROD", "mul")
+    return lw.binary(scaled, lw.constant(lw.graph.weights[a.shift], shape, "shift"), "SUM")
+
+
+# Activations TensorRT has as one layer: name -> (ActivationType, alpha, beta).
+_ACTIVATIONS = {
+    Activation.RELU: ("RELU", None, None),
+    Activation.RELU6: ("CLIP", 0.0, 6.0),
+    Activation.GELU: ("GELU_ERF", None, None),
+    Activation.GELU_TANH: ("GELU_TANH", None, None),
+    # torch: relu6(x + 3) / 6 == clamp(x / 6 + 0.5, 0, 1), TensorRT's max(0, min(1, alpha * x + beta)).
+    Activation.HARD_SIGMOID: ("HARD_SIGMOID", 1.0 / 6.0, 0.5),
+    Activation.SIGMOID: ("SIGMOID", None, None),
+    Activation.TANH: ("TANH", None, None),
+}
+# x * gate(x): the gate is one of the above.
+_GATED = {Activation.SILU: Activation.SIGMOID, Activation.HARD_SWISH: Activation.HARD_SIGMOID}
+
+
+def _one_activation(lw, x, fn: Activation, role: str | None = None):
+    kind, alpha, beta = _ACTIVATIONS[fn]
+    return lw.activation(x, kind, role, alpha, beta)
+
+
+@lowering(OpKind.ACTIVATION)
+def _activation(lw, node, args):
+    fn = node.attrs.fn
+    if fn in _GATED:
+        return lw.binary(args[0], _one_activation(lw, args[0], _GATED[fn], "gate"), "PROD")
+    return _one_activation(lw, args[0], fn)
+
+
+@lowering(OpKind.POOL2D)
+def _pool2d(lw, node, args):
+    a = node.attrs
+    kind = trt.PoolingType.MAX if a.mode is PoolMode.MAX else trt.PoolingType.AVERAGE
+    layer = lw.named(lw.network.add_pooling_nd(args[0], kind, a.kernel))
+    layer.stride_nd = a.stride
+    top, left, bottom, right = a.padding  # max pooling never picks a padded value (torch pads -inf)
+    layer.pre_padding = (top, left)
+    layer.post_padding = (bottom, right)
+    if a.mode is PoolMode.AVG:
+        layer.average_count_excludes_padding = not a.count_include_pad
+    return layer.get_output(0)
+
+
+_REDUCTIONS = {Reduction.MEAN: "AVG", Reduction.SUM: "SUM", Reduction.MAX: "MAX"}
+
+
+@lowering(OpKind.REDUCE)
+def _reduce(lw, node, args):
+    a = node.attrs
+    op = getattr(trt.ReduceOperation, _REDUCTIONS[a.op])
+    return lw.out(lw.network.add_reduce(args[0], op, _mask(a.axes), a.keepdim))
+
+
+_BINARY = {Binary.ADD: "SUM", Binary.SUB: "SUB", Binary.MUL: "PROD", Binary.DIV: "DIV", Binary.MAX: "MAX", Binary.MIN: "MIN"}
+
+
+@lowering(OpKind.ELEMENTWISE)
+def _elementwise(lw, node, args):
+    # Same rank on both sides (GraphBuilder checks); TensorRT broadcasts size-1 axes like torch.
+    return lw.binary(args[0], args[1], _BINARY[node.attrs.op])
+
+
+@lowering(OpKind.CONCAT)
+def _concat(lw, node, args):
+    layer = lw.named(lw.network.add_concatenation(args))
+    layer.axis = node.attrs.axis
+    return layer.get_output(0)
+
+
+@lowering(OpKind.SLICE)
+def _slice(lw, node, args):
+    a = node.attrs
+    rank = len(node.type.shape)
+    start = tuple(a.start if i == a.axis else 0 for i in range(rank))
+    layer = lw.named(lw.network.add_slice(args[0], start, node.type.shape, (1,) * rank))
+    if args[0].shape[0] == -1:  # a batched tensor: its batch size is known only at run time
+        layer.set_input(2, lw.batched_shape(node.type.shape[1:]))
+    return layer.get_output(0)
+
+
+@lowering(OpKind.LINEAR)
+def _linear(lw, node, args):
+    a = node.attrs
+    weight = lw.graph.weights[a.weight]
+    lead = (1,) * (len(node.type.shape) - 2)  # the weight broadcasts over the batch (and token) axes
+    w = lw.constant(weight, lead + weight.shape, "weight")
+    matmul = lw.network.add_matrix_multiply(args[0], trt.MatrixOperation.NONE, w, trt.MatrixOperation.TRANSPOSE)
+    y = lw.out(matmul, "matmul" if a.bias else None)
+    if not a.bias:
+        return y
+    return lw.binary(y, lw.constant(lw.graph.weights[a.bias], lw.channel_shape(-1), "bias"), "SUM")
+
+
+@lowering(OpKind.MATMUL)
+def _matmul(lw, node, args):
+    op_b = trt.MatrixOperation.TRANSPOSE if node.attrs.transpose_b else trt.MatrixOperation.NONE
+    return lw.out(lw.network.add_matrix_multiply(args[0], trt.MatrixOperation.NONE, args[1], op_b))
+
+
+@lowering(OpKind.SOFTMAX)
+def _softmax(lw, node, args):
+    layer = lw.named(lw.network.add_softmax(args[0]))
+    layer.axes = 1 << node.attrs.axis
+    return layer.get_output(0)
+
+
+@lowering(OpKind.NORMALIZATION)
+def _normalization(lw, node, args):
+    a = node.attrs
+    shape = lw.channel_shape(a.axis)
+    scale = lw.constant(lw.graph.weights[a.weight], shape, "weight")
+    bias = lw.constant(lw.graph.weights[a.bias], shape, "bias")
+    # add_normalization_v2 supersedes add_normalization from TensorRT 10.15 (and in TensorRT-RTX);
+    # for one group (layer norm) both mean the same.
+    add = getattr(lw.network, "add_normalization_v2", None) or lw.network.add_normalization
+    layer = lw.named(add(args[0], scale, bias, 1 << a.axis))
+    layer.epsilon = a.eps
+    return layer.get_output(0)
+
+
+@lowering(OpKind.RESHAPE)
+def _reshape(lw, node, args):
+    layer = lw.named(lw.network.add_shuffle(args[0]))
+    layer.reshape_dims = (0, *node.attrs.shape)  # 0 copies the batch from the input
+    return layer.get_output(0)
+
+
+@lowering(OpKind.TRANSPOSE)
+def _transpose(lw, node, args):
+    layer = lw.named(lw.network.add_shuffle(args[0]))
+    layer.first_transpose = tuple(node.attrs.perm)
+    return layer.get_output(0)
+
+
+@lowering(OpKind.CAST)
+def _cast(lw, node, args):
+    return lw.out(lw.network.add_cast(args[0], trt_dtype(node.attrs.dtype)))

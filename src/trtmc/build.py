@@ -1,0 +1,164 @@
+"""One build: checkpoint -> family -> graph -> passes -> engines -> bundle.
+
+`BuildRequest` is validated in full before any weight is read; the bundle is written atomically
+at the end, so a failed build leaves no output file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from .backends import BACKENDS, DEVICES, BuiltEngine, EngineSpec, backend_module
+from .bundle import engine_member, weights_to_bytes, write_bundle
+from .checkpoint import open_checkpoint
+from .families import find_family, build_graph
+from .graph import DType, PRECISION_DTYPES
+from .passes.precision import PrecisionPolicy, assign_precision
+from .preprocess import PreprocessSpec
+
+log = logging.getLogger(__name__)
+
+TASK = "image_to_class_scores"
+
+
+class BuildError(ValueError):
+    """The build request is invalid; the message names the option and the fix."""
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    model: str  # Hugging Face id or local folder
+    output: Path
+    precision: str = "fp32"
+    device: str = "cpu"
+    backends: tuple[str, ...] = ("inductor",)
+    revision: str | None = None
+    io_dtype: str = "fp32"
+    max_batch: int = 1
+    opt_level: int = 3
+    workspace: int | None = None
+    timing_cache: Path | None = None
+    fp32_layers: tuple[str, ...] = field(default=())  # node-name globs kept in fp32
+
+    def validate(self) -> None:
+        if self.precision not in PRECISION_DTYPES:
+            raise BuildError(f"--precision {self.precision!r}: choose fp32, fp16 or bf16")
+        if self.io_dtype not in PRECISION_DTYPES:
+            raise BuildError(f"--io-dtype {self.io_dtype!r}: choose fp32, fp16 or bf16")
+        if self.device not in DEVICES:
+            raise BuildError(f"--device {self.device!r}: choose cpu or cuda")
+        if not self.backends:
+            raise BuildError("at least one --backend is needed (tensorrt or inductor)")
+        for backend in self.backends:
+            if backend not in BACKENDS:
+                raise BuildError(f"--backend {backend!r}: choose {' or '.join(BACKENDS)}")
+        if len(set(self.backends)) != len(self.backends):
+            raise BuildError(f"--backend lists a backend twice: {', '.join(self.backends)}")
+        if self.max_batch < 1:
+            raise BuildError(f"--max-batch must be at least 1, got {self.max_batch}")
+        if not 0 <= self.opt_level <= 5:
+            raise BuildError(f"--opt-level must be 0..5, got {self.opt_level}")
+        if self.workspace is not None and self.workspace <= 0:
+            raise BuildError(f"--workspace must be a positive number of bytes, got {self.workspace}")
+        output = Path(self.output)
+        if output.is_dir():
+            raise BuildError(f"-o {output}: is a folder; give a file name such as model.bundle")
+        if not output.parent.is_dir():
+            raise BuildError(f"-o {output}: folder {output.parent} does not exist")
+        if self.device == "cuda" and "inductor" in self.backends:
+            import torch
+
+            if not torch.cuda.is_available():
+                raise BuildError("--device cuda: PyTorch sees no CUDA GPU here; build with --device cpu")
+
+    def engine_specs(self) -> list[EngineSpec]:
+        specs = []
+        for backend in self.backends:
+            specs.append(
+                EngineSpec(
+                    backend=backend,
+                    device="cuda" if backend == "tensorrt" else self.device,
+                    precision=self.precision,
+                    io_dtype=PRECISION_DTYPES[self.io_dtype],
+                    max_batch=self.max_batch,
+                    opt_level=self.opt_level,
+                    workspace=self.workspace,
+                    timing_cache=self.timing_cache,
+                )
+            )
+        return specs
+
+
+def _default_progress(message: str) -> None:
+    log.info("%s", message)
+
+
+def build_bundle(request: BuildRequest, progress: Callable[[str], None] = _default_progress) -> Path:
+    request.validate()
+    progress(f"opening {request.model}")
+    checkpoint = open_checkpoint(request.model, request.revision)
+    config = checkpoint.config
+    family, _ = find_family(config.architecture)  # refuses unknown architectures before weights load
+    total = len(checkpoint.names)
+    progress(f"{config.architecture}: family {family.name}; reading {total} tensors")
+    marks = {round(total * q) for q in (0.25, 0.5, 0.75)}
+    checkpoint.on_read = lambda n: progress(f"read {n}/{total} tensors") if n in marks else None
+    _, graph = build_graph(checkpoint, request.precision)
+    policy = PrecisionPolicy(
+        request.precision,
+        io_dtype=PRECISION_DTYPES[request.io_dtype],
+        overrides=tuple((pattern, DType.F32) for pattern in request.fp32_layers),
+    )
+    typed = assign_precision(graph, policy)
+    progress(f"graph: {len(typed.nodes)} ops, precision {request.precision}")
+
+    engines: list[BuiltEngine] = []
+    for spec in request.engine_specs():
+        started = time.perf_counter()
+        progress(f"building the {spec.backend} engine for {spec.device} ({spec.precision})")
+        engines.append(backend_module(spec.backend).build(typed, spec, progress))
+        progress(f"{spec.key} built in {time.perf_counter() - started:.1f} s")
+
+    source = checkpoint.source
+    preprocess = PreprocessSpec.from_pretrained(config.pretrained)
+    members: dict[str, bytes] = {
+        "runtime.json": json.dumps(preprocess.to_json(), indent=1).encode(),
+        "labels.json": json.dumps(
+            {"names": list(config.label_names), "descriptions": dict(config.label_descriptions)}
+        ).encode(),
+        "graph.json": typed.dumps().encode(),
+        "weights.safetensors": weights_to_bytes(typed.weights),
+    }
+    entries = []
+    for engine in engines:
+        for filename, data in engine.files.items():
+            members[engine_member(engine.spec.key, filename)] = data
+        entries.append(
+            {
+                "key": engine.spec.key,
+                "backend": engine.spec.backend,
+                "device": engine.spec.device,
+                "precision": engine.spec.precision,
+                "files": sorted(engine.files),
+                "record": engine.record,
+            }
+        )
+    manifest = {
+        "family": family.name,
+        "architecture": config.architecture,
+        "task": TASK,
+        "num_classes": config.num_classes,
+        "source": {"id": source.id, "revision": source.revision, "sha256": source.sha256},
+        "precision": request.precision,
+        "io_dtype": request.io_dtype,
+        "fp32_layers": list(request.fp32_layers),
+        "graph": {"ops": len(typed.nodes), "op_counts": typed.op_counts()},
+        "engines": entries,
+    }
+    progress(f"writing {request.output}")
+    return write_bundle(Path(request.output), manifest, members)

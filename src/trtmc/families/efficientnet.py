@@ -1,0 +1,302 @@
+"""EfficientNet and EfficientNet-Lite (https://arxiv.org/abs/1905.11946) and MobileNetV2
+(https://arxiv.org/abs/1801.04381), built from timm's depthwise-separable and inverted-residual blocks,
+whose emitters mobilenetv3.py shares. It reads `conv_stem`/`bn1`, every
+`blocks.<stage>.<block>.{conv_dw,conv_pw,conv_pwl,conv,bn1..bn3,se.*}`, `conv_head`/`bn2` and `classifier`.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, replace
+from enum import Enum
+
+from ..checkpoint import Checkpoint, CheckpointError
+from ..graph import Activation, Graph
+from ..graph_builder import GraphBuilder, Tensor
+from . import Family
+from ._parts import block_indices, classifier_head, conv_norm_act, image_input, squeeze_excite
+
+log = logging.getLogger(__name__)
+
+# timm builds every `tf_` port with BN_EPS_TF_DEFAULT (1e-3) and TF "SAME" padding; its own
+# re-trained models keep PyTorch's BatchNorm2d default eps.
+TIMM_EPS = 1e-5
+TF_EPS = 1e-3
+
+_BLOCK_KEY = re.compile(r"^blocks\.(\d+)\.(\d+)\.")
+_BN_LEAVES = ("weight", "bias", "running_mean", "running_var")
+
+
+class BlockKind(str, Enum):
+    """timm's block classes (_efficientnet_blocks.py), named by their arch-def tokens."""
+
+    DEPTHWISE_SEPARABLE = "ds"  # conv_dw, bn1, [se], conv_pw, bn2
+    INVERTED_RESIDUAL = "ir"  # conv_pw, bn1, conv_dw, bn2, [se], conv_pwl, bn3
+    CONV_BN_ACT = "cn"  # conv, bn1
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    stride: int  # of the stage's first block; the others keep the resolution
+    act: Activation | None = None  # None: the network's activation (ArchConfig.act)
+
+
+# Stage grammar, after timm's arch-def strings: one space-separated word per stage, each word
+# `_`-joined tokens.
+#   s<N>  the first block of the stage strides by N (the tensors do not say where resolution halves)
+#   nre   the stage's blocks use ReLU instead of the network's activation (timm's own token)
+_ACT_TOKENS = {"nre": Activation.RELU}
+
+
+def decode_stages(spec: str) -> tuple[StageSpec, ...]:
+    stages = []
+    for word in spec.split():
+        stride, act = None, None
+        for tok in word.split("_"):
+            if re.fullmatch(r"s[12]", tok):
+                stride = int(tok[1:])
+            elif tok in _ACT_TOKENS:
+                act = _ACT_TOKENS[tok]
+            else:
+                raise ValueError(f"unknown token {tok!r} in {spec!r}")
+        if stride is None:
+            raise ValueError(f"stage {word!r} in {spec!r} has no stride token s1/s2")
+        stages.append(StageSpec(stride, act))
+    return tuple(stages)
+
+
+@dataclass(frozen=True)
+class ArchConfig:
+    """What the tensors of an EfficientNet-style network cannot say."""
+
+    stages: tuple[StageSpec, ...]
+    act: Activation
+    eps: float = TIMM_EPS
+    tf_same: bool = False  # TF "SAME" padding: asymmetric on stride-2 convolutions
+    se_act: Activation | None = None  # squeeze-excite inner activation; None: the block's own
+    se_gate: Activation = Activation.SIGMOID
+
+
+@dataclass(frozen=True)
+class BlockSpec:
+    prefix: str
+    kind: BlockKind
+    stride: int
+    act: Activation
+    se: bool
+    skip: bool  # timm: has_skip = stride == 1 and in_chs == out_chs (no `noskip` in these nets)
+    in_width: int
+    out_width: int
+
+
+@dataclass(frozen=True)
+class Layout:
+    blocks: tuple[BlockSpec, ...]
+    head_width: int  # conv_head output channels, the classifier's input
+
+
+# ---- layout -----------------------------------------------------------------------------------
+
+
+def require(ckpt: Checkpoint, names: set[str], keys: list[str]) -> None:
+    """Refuse a checkpoint that lacks one of `keys`, naming the first missing one."""
+    for key in keys:
+        if key not in names:
+            raise CheckpointError(f"{ckpt.config.architecture}: tensor {key!r} is missing from {ckpt.weights_path}")
+
+
+def require_width(ckpt: Checkpoint, key: str, axis: int, want: int, what: str) -> None:
+    shape = ckpt.shape(key)
+    if len(shape) != 4 or shape[axis] != want:
+        raise CheckpointError(
+            f"{ckpt.config.architecture}: {key} has shape {shape}, but {what} has {want} channels"
+        )
+
+
+# Per block class, its (convolution, norm) pairs in forward order; the class shows in which of the
+# distinguishing convolutions (conv_pwl, conv_dw, conv) it holds, tried in this order.
+_CONVS = {
+    BlockKind.INVERTED_RESIDUAL: (("conv_pw", "bn1"), ("conv_dw", "bn2"), ("conv_pwl", "bn3")),
+    BlockKind.DEPTHWISE_SEPARABLE: (("conv_dw", "bn1"), ("conv_pw", "bn2")),
+    BlockKind.CONV_BN_ACT: (("conv", "bn1"),),
+}
+_DISTINGUISHING = {BlockKind.INVERTED_RESIDUAL: "conv_pwl", BlockKind.DEPTHWISE_SEPARABLE: "conv_dw", BlockKind.CONV_BN_ACT: "conv"}
+
+
+def _conv_keys(conv: str, norm: str) -> list[str]:
+    return [f"{conv}.weight"] + [f"{norm}.{leaf}" for leaf in _BN_LEAVES]
+
+
+def _derive_block(
+    ckpt: Checkpoint, names: set[str], prefix: str, width: int, stride: int, act: Activation
+) -> BlockSpec:
+    name = ckpt.config.architecture
+    kind = next((k for k, conv in _DISTINGUISHING.items() if f"{prefix}.{conv}.weight" in names), None)
+    if kind is None:
+        raise CheckpointError(
+            f"{name}: {prefix} holds none of conv_pwl, conv_dw or conv weights, so it is no EfficientNet/MobileNet block"
+        )
+    convs = _CONVS[kind]
+    keys = [key for conv, norm in convs for key in _conv_keys(f"{prefix}.{conv}", f"{prefix}.{norm}")]
+    se = f"{prefix}.se.conv_reduce.weight" in names
+    if se:
+        keys += [f"{prefix}.se.{conv}.{leaf}" for conv in ("conv_reduce", "conv_expand") for leaf in ("weight", "bias")]
+    require(ckpt, names, keys)
+    # Each convolution reads the width the one before it wrote; a depthwise one keeps its width
+    # (its weight is [channels, 1, k, k]), so its output axis holds the width it reads.
+    in_width = width
+    for conv, _ in convs:
+        key = f"{prefix}.{conv}.weight"
+        depthwise = conv == "conv_dw"
+        if depthwise and ckpt.shape(key)[1] != 1:
+            raise CheckpointError(f"{name}: {key} has shape {ckpt.shape(key)}; a depthwise convolution reads one channel per group")
+        require_width(ckpt, key, 0 if depthwise else 1, width, "the layer before it")
+        width = ckpt.shape(key)[0]
+    return BlockSpec(
+        prefix=prefix,
+        kind=kind,
+        stride=stride,
+        act=act,
+        se=se,
+        # timm's ConvBnAct only skips when its arch string says `skip`, which none of the served
+        # networks do.
+        skip=kind is not BlockKind.CONV_BN_ACT and stride == 1 and in_width == width,
+        in_width=in_width,
+        out_width=width,
+    )
+
+
+def derive_blocks(ckpt: Checkpoint, arch: ArchConfig, in_width: int) -> tuple[BlockSpec, ...]:
+    """Every block of `blocks.<stage>.<block>`: class from its keys, widths from its shapes.
+
+    Only the stride and activation of a stage come from `arch.stages`. The widths must chain from
+    `in_width` (the stem's) through every block, so a mis-shaped tensor is refused here, before
+    any weight is read.
+    """
+    name = ckpt.config.architecture
+    names = set(ckpt.names)
+    found = block_indices(ckpt, _BLOCK_KEY.pattern)
+    stages = sorted({stage for stage, _ in found})
+    if stages != list(range(len(arch.stages))):
+        raise CheckpointError(
+            f"{name}: the checkpoint has blocks.<stage> indices {stages}, but {name} has "
+            f"{len(arch.stages)} stages (0..{len(arch.stages) - 1})"
+        )
+    blocks: list[BlockSpec] = []
+    for stage, spec in enumerate(arch.stages):
+        depth = [index for s, index in found if s == stage]
+        if depth != list(range(len(depth))):
+            raise CheckpointError(f"{name}: blocks.{stage} has block indices {depth}, not 0..{len(depth) - 1}")
+        for index in depth:
+            width = blocks[-1].out_width if blocks else in_width
+            stride = spec.stride if index == 0 else 1
+            blocks.append(_derive_block(ckpt, names, f"blocks.{stage}.{index}", width, stride, spec.act or arch.act))
+    return tuple(blocks)
+
+
+def require_classifier(ckpt: Checkpoint, names: set[str], width: int) -> None:
+    require(ckpt, names, ["classifier.weight"])
+    shape = ckpt.shape("classifier.weight")
+    if shape != (ckpt.config.num_classes, width):
+        raise CheckpointError(
+            f"{ckpt.config.architecture}: classifier.weight has shape {shape}, expected "
+            f"({ckpt.config.num_classes}, {width}) for num_classes={ckpt.config.num_classes} "
+            f"after a {width}-channel head"
+        )
+
+
+def derive_layout(ckpt: Checkpoint, arch: ArchConfig) -> Layout:
+    names = set(ckpt.names)
+    require(ckpt, names, _conv_keys("conv_stem", "bn1") + _conv_keys("conv_head", "bn2"))
+    blocks = derive_blocks(ckpt, arch, ckpt.shape("conv_stem.weight")[0])
+    require_width(ckpt, "conv_head.weight", 1, blocks[-1].out_width, f"{blocks[-1].prefix}")
+    head_width = ckpt.shape("conv_head.weight")[0]
+    require_classifier(ckpt, names, head_width)
+    return Layout(blocks, head_width)
+
+
+# ---- emission ---------------------------------------------------------------------------------
+
+
+def emit_stem(g: GraphBuilder, ckpt: Checkpoint, arch: ArchConfig) -> Tensor:
+    x = image_input(g, ckpt)
+    return conv_norm_act(g, x, ckpt, "conv_stem", "bn1", arch.act, eps=arch.eps, stride=2, tf_same=arch.tf_same)
+
+
+def emit_block(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, block: BlockSpec, arch: ArchConfig) -> Tensor:
+    """One timm block; drop_path is the identity at eval, so the skip is a plain add."""
+    p = block.prefix
+
+    def cna(t: Tensor, conv: str, norm: str, fn: Activation | None, stride: int = 1) -> Tensor:
+        return conv_norm_act(g, t, ckpt, f"{p}.{conv}", f"{p}.{norm}", fn, eps=arch.eps, stride=stride, tf_same=arch.tf_same)
+
+    def se(t: Tensor) -> Tensor:
+        if not block.se:
+            return t
+        return squeeze_excite(g, t, ckpt, f"{p}.se", inner=arch.se_act or block.act, gate=arch.se_gate)
+
+    if block.kind is BlockKind.CONV_BN_ACT:
+        y = cna(x, "conv", "bn1", block.act, block.stride)
+    elif block.kind is BlockKind.DEPTHWISE_SEPARABLE:
+        y = se(cna(x, "conv_dw", "bn1", block.act, block.stride))
+        y = cna(y, "conv_pw", "bn2", None)  # timm's pw_act=False: no activation after the projection
+    else:
+        y = cna(x, "conv_pw", "bn1", block.act)
+        y = se(cna(y, "conv_dw", "bn2", block.act, block.stride))
+        y = cna(y, "conv_pwl", "bn3", None)
+    return g.add(y, x, p) if block.skip else y
+
+
+def emit(ckpt: Checkpoint, layout: Layout, arch: ArchConfig) -> Graph:
+    g = GraphBuilder()
+    x = emit_stem(g, ckpt, arch)
+    for block in layout.blocks:
+        x = emit_block(g, x, ckpt, block, arch)
+    x = conv_norm_act(g, x, ckpt, "conv_head", "bn2", arch.act, eps=arch.eps, tf_same=arch.tf_same)
+    x = g.global_avg_pool(x, "global_pool")
+    g.output(classifier_head(g, x, ckpt))
+    return g.finish()
+
+
+def build(ckpt: Checkpoint, arch: ArchConfig) -> Graph:
+    layout = derive_layout(ckpt, arch)
+    log.debug("%s: %d blocks, head %d", ckpt.config.architecture, len(layout.blocks), layout.head_width)
+    return emit(ckpt, layout, arch)
+
+
+# ---- registration -----------------------------------------------------------------------------
+
+# EfficientNet, its Lite variants and MobileNetV2 share one seven-stage schedule: resolution halves
+# at stages 1, 2, 3 and 5 (timm's arch_def `s2` entries), giving output stride 32 after the stem.
+EFFICIENTNET_STAGES = decode_stages("s1 s2 s2 s2 s1 s2 s1")
+
+_TIMM = ArchConfig(EFFICIENTNET_STAGES, Activation.SILU)  # timm's 'swish'
+_TF = replace(_TIMM, eps=TF_EPS, tf_same=True)
+# Lite drops squeeze-excite (absent from its tensors) and uses ReLU6, which quantizes well.
+_TF_LITE = replace(_TF, act=Activation.RELU6)
+_MOBILENETV2 = ArchConfig(EFFICIENTNET_STAGES, Activation.RELU6)
+
+ARCHITECTURES = {
+    "efficientnet_b0": _TIMM,
+    "efficientnet_b1": _TIMM,
+    "efficientnet_b2": _TIMM,
+    "efficientnet_b3": _TIMM,
+    "tf_efficientnet_b0": _TF,
+    "tf_efficientnet_b1": _TF,
+    "tf_efficientnet_b2": _TF,
+    "tf_efficientnet_b3": _TF,
+    "tf_efficientnet_lite0": _TF_LITE,
+    "tf_efficientnet_lite1": _TF_LITE,
+    "tf_efficientnet_lite2": _TF_LITE,
+    "tf_efficientnet_lite3": _TF_LITE,
+    "tf_efficientnet_lite4": _TF_LITE,
+    "mobilenetv2_100": _MOBILENETV2,
+}
+
+FAMILY = Family(
+    name="efficientnet",
+    summary="EfficientNet B0-B3, EfficientNet-Lite0-4 and MobileNetV2: inverted-residual blocks, optional SE",
+    architectures=ARCHITECTURES,
+    build=build,
+)

@@ -1,0 +1,100 @@
+"""MobileNetV3 (https://arxiv.org/abs/1905.02244): timm's EfficientNet blocks with hard-swish, ReLU in
+the early stages and hard-sigmoid squeeze-excite, then a pooled 1x1 `conv_head` without batch norm.
+It reads `conv_stem`/`bn1`, every `blocks.<stage>.<block>.{conv_dw,conv_pw,conv_pwl,conv,bn1..bn3,se.*}`,
+`conv_head.{weight,bias}` and `classifier`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+
+from ..checkpoint import Checkpoint, CheckpointError
+from ..graph import Activation, Graph
+from ..graph_builder import GraphBuilder
+from . import Family
+from ._parts import classifier_head, conv
+from .efficientnet import (
+    TF_EPS,
+    ArchConfig,
+    BlockSpec,
+    decode_stages,
+    derive_blocks,
+    emit_block,
+    emit_stem,
+    require,
+    require_classifier,
+    require_width,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Layout:
+    blocks: tuple[BlockSpec, ...]
+    head_width: int  # conv_head output channels, the classifier's input
+
+
+def derive_layout(ckpt: Checkpoint, arch: ArchConfig) -> Layout:
+    names = set(ckpt.names)
+    stem = ["conv_stem.weight"] + [f"bn1.{leaf}" for leaf in ("weight", "bias", "running_mean", "running_var")]
+    # timm's MobileNetV3 head: conv_head has a bias and no norm (head_norm=False); a `norm_head`
+    # belongs to MobileNetV4, which this family does not build.
+    require(ckpt, names, stem + ["conv_head.weight", "conv_head.bias"])
+    if "norm_head.weight" in names:
+        raise CheckpointError(
+            f"{ckpt.config.architecture}: norm_head.weight {ckpt.shape('norm_head.weight')} is a MobileNetV4 "
+            "head; MobileNetV3's conv_head has a bias and no norm"
+        )
+    blocks = derive_blocks(ckpt, arch, ckpt.shape("conv_stem.weight")[0])
+    require_width(ckpt, "conv_head.weight", 1, blocks[-1].out_width, blocks[-1].prefix)
+    head_width = ckpt.shape("conv_head.weight")[0]
+    require_classifier(ckpt, names, head_width)
+    return Layout(blocks, head_width)
+
+
+def emit(ckpt: Checkpoint, layout: Layout, arch: ArchConfig) -> Graph:
+    g = GraphBuilder()
+    x = emit_stem(g, ckpt, arch)
+    for block in layout.blocks:
+        x = emit_block(g, x, ckpt, block, arch)
+    # MobileNetV3 pools first and runs conv_head on the 1x1 map (timm's forward_head).
+    x = g.global_avg_pool(x, "global_pool", keepdim=True)
+    x = conv(g, x, ckpt, "conv_head")
+    x = g.activation(x, arch.act, "act2")
+    x = g.flatten(x, "flatten")
+    g.output(classifier_head(g, x, ckpt))
+    return g.finish()
+
+
+def build(ckpt: Checkpoint, arch: ArchConfig) -> Graph:
+    layout = derive_layout(ckpt, arch)
+    log.debug("%s: %d blocks, head %d", ckpt.config.architecture, len(layout.blocks), layout.head_width)
+    return emit(ckpt, layout, arch)
+
+
+# Stage tables from timm's _gen_mobilenet_v3 arch_def (grammar: efficientnet.decode_stages): where
+# each stage's first block strides, and the early stages its `nre` token runs on ReLU instead of
+# hard-swish. The last stage is the 1x1 ConvBnAct (`cn`) before pooling.
+_LARGE = decode_stages("s1_nre s2_nre s2_nre s2 s1 s2 s1")
+_SMALL = decode_stages("s2_nre s2_nre s2 s1 s2 s1")
+
+# timm's MobileNetV3 squeeze-excite forces ReLU inside and gates with hard-sigmoid, whatever the
+# block's own activation.
+_MNV3 = dict(act=Activation.HARD_SWISH, se_act=Activation.RELU, se_gate=Activation.HARD_SIGMOID)
+_TIMM_LARGE = ArchConfig(_LARGE, **_MNV3)
+
+ARCHITECTURES = {
+    "mobilenetv3_small_100": ArchConfig(_SMALL, **_MNV3),
+    "mobilenetv3_large_100": _TIMM_LARGE,
+    # The TF port pads "SAME" and keeps TF's batch-norm eps.
+    "tf_mobilenetv3_large_100": replace(_TIMM_LARGE, eps=TF_EPS, tf_same=True),
+}
+
+FAMILY = Family(
+    name="mobilenetv3",
+    summary="MobileNetV3 small/large: hard-swish inverted residuals, hard-sigmoid SE, pooled conv head",
+    architectures=ARCHITECTURES,
+    build=build,
+)

@@ -1,0 +1,189 @@
+"""Vision Transformer (Dosovitskiy et al., https://arxiv.org/abs/2010.11929) and DeiT as timm builds them.
+
+It reads `patch_embed.proj`, `cls_token`, `pos_embed`, `blocks.<i>.{norm1, attn.qkv, attn.proj, norm2,
+mlp.fc1, mlp.fc2}`, `norm` and `head`; width, depth, patch size and MLP width come from their shapes,
+and only the head count, which no tensor records, comes from the per-architecture config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..checkpoint import Checkpoint, CheckpointError
+from ..graph import Activation, Graph
+from ..graph_builder import GraphBuilder, Tensor
+from . import Family, UnsupportedModel
+from ._parts import block_indices, classifier_head, conv, expect_shape, expect_tensors, image_input
+
+_BLOCK = r"^blocks\.(\d+)\."
+
+
+@dataclass(frozen=True)
+class ViTConfig:
+    # The fused qkv weight is [3 * width, width] whatever the head count, so it has to be stated:
+    # timm registers ViT-Ti with 3 heads, ViT-S and DeiT-S with 6, ViT-B with 12 (all 64 wide).
+    num_heads: int
+    # timm's ViT LayerNorm is LayerNorm(eps=1e-6), not torch's 1e-5.
+    norm_eps: float = 1e-6
+    # The MLP uses nn.GELU, the exact erf form.
+    act: Activation = Activation.GELU
+
+
+@dataclass(frozen=True)
+class Layout:
+    patch: int
+    width: int
+    grid: tuple[int, int]  # patches along height and width
+    heads: int
+    hidden: int  # MLP width
+    depth: int
+    qkv_bias: bool
+
+    @property
+    def tokens(self) -> int:
+        return 1 + self.grid[0] * self.grid[1]  # the class token first, then the patches
+
+    @property
+    def head_dim(self) -> int:
+        return self.width // self.heads
+
+
+def derive_layout(ckpt: Checkpoint, arch: ViTConfig) -> Layout:
+    """Width, depth, patch and MLP width from names and shapes; the head count from `arch`."""
+    name = ckpt.config.architecture
+    in_chans, height, width_px = ckpt.config.pretrained.input_size
+    width, _, patch, patch_w = expect_shape(ckpt, "patch_embed.proj.weight", rank=4, dims={1: in_chans})
+    if patch != patch_w or height % patch or width_px % patch:
+        raise UnsupportedModel(
+            f"{name}: patch_embed.proj.weight {(width, in_chans, patch, patch_w)} does not tile the "
+            f"{height}x{width_px} input into square patches"
+        )
+    if width % arch.num_heads:
+        raise CheckpointError(f"{name}: width {width} (patch_embed.proj.weight) does not split into {arch.num_heads} heads")
+    grid = (height // patch, width_px // patch)
+    positions = expect_shape(ckpt, "pos_embed", rank=3)[1]
+    if positions != 1 + grid[0] * grid[1]:
+        raise UnsupportedModel(
+            f"{name}: pos_embed {ckpt.shape('pos_embed')} has {positions} positions but a {height}x{width_px} input "
+            f"makes {grid[0] * grid[1]} patches plus the class token; trtmc does not resample position embeddings"
+        )
+    depth = len(block_indices(ckpt, _BLOCK))
+    if [i for (i,) in block_indices(ckpt, _BLOCK)] != list(range(depth)) or not depth:
+        raise CheckpointError(f"{name}: blocks.<i> indices are not 0, 1, 2, ...")
+    hidden = expect_shape(ckpt, "blocks.0.mlp.fc1.weight", rank=2)[0]
+    layout = Layout(patch, width, grid, arch.num_heads, hidden, depth, "blocks.0.attn.qkv.bias" in ckpt)
+
+    classes = ckpt.config.num_classes
+    expected = {
+        "patch_embed.proj.weight": (width, in_chans, patch, patch),
+        "patch_embed.proj.bias": (width,),
+        "cls_token": (1, 1, width),
+        "pos_embed": (1, layout.tokens, width),
+        "norm.weight": (width,),
+        "norm.bias": (width,),
+        "head.weight": (classes, width),
+        "head.bias": (classes,),
+    }
+    for i in range(depth):
+        p = f"blocks.{i}"
+        expected[f"{p}.attn.qkv.weight"] = (3 * width, width)
+        if layout.qkv_bias:
+            expected[f"{p}.attn.qkv.bias"] = (3 * width,)
+        expected[f"{p}.attn.proj.weight"] = (width, width)
+        expected[f"{p}.mlp.fc1.weight"] = (hidden, width)
+        expected[f"{p}.mlp.fc1.bias"] = (hidden,)
+        expected[f"{p}.mlp.fc2.weight"] = (width, hidden)
+        for leaf in ("norm1.weight", "norm1.bias", "attn.proj.bias", "norm2.weight", "norm2.bias", "mlp.fc2.bias"):
+            expected[f"{p}.{leaf}"] = (width,)
+    expect_tensors(ckpt, expected)
+    return layout
+
+
+def _norm(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str, eps: float) -> Tensor:
+    return g.layer_norm(x, prefix, ckpt.tensor(f"{prefix}.weight"), ckpt.tensor(f"{prefix}.bias"), eps)
+
+
+def _linear(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str) -> Tensor:
+    bias = ckpt.tensor(f"{prefix}.bias") if f"{prefix}.bias" in ckpt else None
+    return g.linear(x, prefix, ckpt.tensor(f"{prefix}.weight"), bias)
+
+
+def _embed(g: GraphBuilder, ckpt: Checkpoint, layout: Layout) -> Tensor:
+    x = image_input(g, ckpt)
+    x = conv(g, x, ckpt, "patch_embed.proj", stride=layout.patch, padding=0)
+    x = g.reshape(x, (layout.width, layout.tokens - 1), "patch_embed.flatten")
+    x = g.transpose(x, (0, 2, 1), "patch_embed.transpose")  # [1, patches, width]
+    # A concat does not broadcast a constant over the batch, so the class token is made batch-sized
+    # from the first patch: a scale with weight 0 and shift cls_token is x * 0 + cls_token.
+    first = g.slice(x, 1, 0, 1, "patch_embed.first")
+    token = ckpt.tensor("cls_token").reshape(-1)
+    cls = g.scale(first, "cls_token", np.zeros_like(token), token, axis=-1)
+    x = g.concat([cls, x], 1, "cls_token.cat")
+    return g.add(x, g.constant("pos_embed", ckpt.tensor("pos_embed")), "pos_embed.add")
+
+
+def _attention(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str, layout: Layout) -> Tensor:
+    tokens, heads, head_dim, width = layout.tokens, layout.heads, layout.head_dim, layout.width
+    # timm scales q by head_dim ** -0.5; folded into the q rows of qkv it costs nothing, and for
+    # 64-wide heads it is 1/8, a power of two, so the folded weights are exact.
+    rows = np.ones(3 * width, np.float32)
+    rows[:width] = head_dim**-0.5
+    weight = ckpt.tensor(f"{prefix}.qkv.weight") * rows[:, None]
+    bias = ckpt.tensor(f"{prefix}.qkv.bias") * rows if layout.qkv_bias else None
+    qkv = g.linear(x, f"{prefix}.qkv", weight, bias)  # [1, tokens, (3, heads, head_dim)]
+    qkv = g.reshape(qkv, (tokens, 3 * heads, head_dim), f"{prefix}.split_heads")
+    qkv = g.transpose(qkv, (0, 2, 1, 3), f"{prefix}.split_heads")  # [1, (3, heads), tokens, head_dim]
+    q = g.slice(qkv, 1, 0, heads, f"{prefix}.q")
+    k = g.slice(qkv, 1, heads, 2 * heads, f"{prefix}.k")
+    v = g.slice(qkv, 1, 2 * heads, 3 * heads, f"{prefix}.v")
+    # The attention products are sensitive: fp16 builds keep them, like the softmax, in fp32.
+    scores = g.matmul(q, k, f"{prefix}.scores", transpose_b=True, sensitive=True)
+    weights = g.softmax(scores, -1, f"{prefix}.softmax")
+    out = g.matmul(weights, v, f"{prefix}.mix", sensitive=True)  # [1, heads, tokens, head_dim]
+    out = g.transpose(out, (0, 2, 1, 3), f"{prefix}.merge_heads")
+    out = g.reshape(out, (tokens, width), f"{prefix}.merge_heads")
+    return _linear(g, out, ckpt, f"{prefix}.proj")
+
+
+def _block(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str, layout: Layout, arch: ViTConfig) -> Tensor:
+    y = _norm(g, x, ckpt, f"{prefix}.norm1", arch.norm_eps)
+    x = g.add(x, _attention(g, y, ckpt, f"{prefix}.attn", layout), f"{prefix}.residual1")
+    y = _norm(g, x, ckpt, f"{prefix}.norm2", arch.norm_eps)
+    y = _linear(g, y, ckpt, f"{prefix}.mlp.fc1")
+    y = g.activation(y, arch.act, f"{prefix}.mlp.act")
+    y = _linear(g, y, ckpt, f"{prefix}.mlp.fc2")
+    return g.add(x, y, f"{prefix}.residual2")
+
+
+def emit(g: GraphBuilder, ckpt: Checkpoint, layout: Layout, arch: ViTConfig) -> Tensor:
+    x = _embed(g, ckpt, layout)
+    for i in range(layout.depth):
+        x = _block(g, x, ckpt, f"blocks.{i}", layout, arch)
+    # The final norm is per token and only the class token is classified, so take it first and
+    # normalize one token instead of all of them.
+    x = g.slice(x, 1, 0, 1, "pool")
+    x = g.reshape(x, (layout.width,), "pool.flatten")
+    x = _norm(g, x, ckpt, "norm", arch.norm_eps)
+    return classifier_head(g, x, ckpt, "head")
+
+
+def build(ckpt: Checkpoint, arch: ViTConfig) -> Graph:
+    layout = derive_layout(ckpt, arch)
+    g = GraphBuilder()
+    g.output(emit(g, ckpt, layout, arch))
+    return g.finish()
+
+
+FAMILY = Family(
+    name="vit",
+    summary="Vision Transformer / DeiT: patch embedding, class token, pre-norm attention + GELU MLP blocks",
+    architectures={
+        "vit_tiny_patch16_224": ViTConfig(num_heads=3),
+        "vit_small_patch16_224": ViTConfig(num_heads=6),
+        "vit_base_patch16_224": ViTConfig(num_heads=12),
+        "deit_small_patch16_224": ViTConfig(num_heads=6),
+    },
+    build=build,
+)

@@ -1,0 +1,77 @@
+import json
+
+import pytest
+
+from support import LITE0
+from trtmc.checkpoint import Checkpoint, CheckpointError, open_checkpoint
+
+
+def write_config(folder, config, weights=True):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    if weights:
+        (folder / "model.safetensors").write_bytes(b"")
+    return folder
+
+
+def test_real_checkpoint_config_is_read_into_a_typed_config():
+    config = Checkpoint(LITE0).config
+    assert config.architecture == "tf_efficientnet_lite0"
+    assert config.pretrained.input_size == (3, 224, 224)
+    assert config.pretrained.interpolation == "bicubic"
+    assert config.pretrained.crop_pct == 0.875
+    assert config.pretrained.mean == (0.5, 0.5, 0.5)
+    assert len(config.label_names) == 1000
+    assert config.label(282) == ("n02123159", "tiger cat")
+
+
+def test_tensors_are_read_lazily_as_float32():
+    ckpt = Checkpoint(LITE0)
+    assert ckpt.shape("conv_stem.weight") == (32, 3, 3, 3)
+    assert ckpt.reads == 0
+    assert ckpt.tensor("conv_stem.weight").dtype.name == "float32"
+    assert ckpt.reads == 1
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ({"num_classes": 10}, "no 'architecture'"),
+        ({"architecture": "resnet18", "pretrained_cfg": {"input_size": [224, 224]}}, "input_size must be"),
+        ({"architecture": "resnet18", "pretrained_cfg": {"interpolation": "lanczos"}}, "interpolation 'lanczos'"),
+        ({"architecture": "resnet18", "pretrained_cfg": {"crop_pct": 1.5}}, "crop_pct must be in"),
+        ({"architecture": "resnet18", "pretrained_cfg": {"crop_mode": "border"}}, "crop_mode 'border' is not supported"),
+        ({"architecture": "resnet18", "num_classes": 3, "label_names": ["a", "b"]}, "label_names has 2 entries for 3"),
+        ({"architecture": "resnet18", "pretrained_cfg": {"std": [0, 1, 1]}}, "std must be positive"),
+    ],
+)
+def test_malformed_config_is_rejected_before_any_weight_is_read(tmp_path, config, message):
+    folder = write_config(tmp_path / "ckpt", config)
+    with pytest.raises(CheckpointError, match=message):
+        Checkpoint(folder)
+
+
+def test_config_that_is_not_json_names_the_file(tmp_path):
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / "config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="config.json: not valid JSON"):
+        Checkpoint(folder)
+
+
+def test_folder_without_weights_says_what_is_missing(tmp_path):
+    folder = write_config(tmp_path / "ckpt", {"architecture": "resnet18"}, weights=False)
+    with pytest.raises(CheckpointError, match="no model.safetensors"):
+        Checkpoint(folder)
+
+
+def test_hub_id_offline_says_to_pass_a_local_folder(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    with pytest.raises(CheckpointError, match="pass its local folder"):
+        open_checkpoint("timm/ghostnet_100.in1k")
+
+
+def test_revision_with_a_local_folder_is_refused():
+    with pytest.raises(CheckpointError, match="--revision applies to Hugging Face ids"):
+        open_checkpoint(str(LITE0), revision="main")

@@ -1,0 +1,100 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from trtmc.backends.torch_lowering import LOWERINGS, GraphModule
+from trtmc.graph import Activation, DType, Graph, GraphError, OpKind
+from trtmc.graph_builder import GraphBuilder
+from trtmc.passes.precision import PrecisionPolicy, assign_precision
+
+
+def small_net() -> Graph:
+    rng = np.random.default_rng(0)
+    g = GraphBuilder()
+    x = g.input("pixels", (1, 3, 16, 16))
+    y = g.conv2d(x, "stem.conv", rng.standard_normal((8, 3, 3, 3)), stride=2, padding=(0, 0, 1, 1))
+    y = g.scale(y, "stem.bn", rng.random(8) + 0.5, rng.standard_normal(8))
+    y = g.activation(y, Activation.SILU, "stem.act")
+    y = g.conv2d(y, "blocks.0.conv_dw", rng.standard_normal((8, 1, 3, 3)), padding=1, groups=8)
+    t = g.reshape(y, (8, 64), "blocks.0.tokens")
+    t = g.transpose(t, (0, 2, 1), "blocks.0.tokens")
+    attn = g.matmul(t, t, "blocks.0.attn", transpose_b=True, sensitive=True)
+    attn = g.softmax(attn, -1, "blocks.0.softmax")
+    t = g.matmul(attn, t, "blocks.0.attn_v", sensitive=True)
+    t = g.layer_norm(t, "blocks.0.norm", np.ones(8), np.zeros(8), 1e-6)
+    y = g.reduce(t, "head.pool", "mean", (1,), keepdim=False)
+    y = g.linear(y, "head.fc", rng.standard_normal((5, 8)), rng.standard_normal(5))
+    g.output(y)
+    return g.finish()
+
+
+def test_graph_prints_one_line_per_node_like_fx():
+    text = str(small_net())
+    assert "%blocks.0.conv_dw : f32[1,8,8,8] = conv2d(%stem.act" in text
+    assert "groups=8" in text
+    assert text.splitlines()[-1] == "return %head.fc"
+
+
+def test_graph_survives_a_json_round_trip():
+    graph = assign_precision(small_net(), PrecisionPolicy("fp16"))
+    again = Graph.from_json(json.loads(graph.dumps()), graph.weights)
+    assert str(again) == str(graph)
+
+
+def test_verify_rejects_a_read_before_definition():
+    graph = small_net()
+    graph.nodes[1], graph.nodes[2] = graph.nodes[2], graph.nodes[1]
+    with pytest.raises(GraphError, match="before it is defined"):
+        graph.verify()
+
+
+def test_builder_rejects_a_convolution_whose_weight_does_not_fit_the_input():
+    g = GraphBuilder()
+    x = g.input("pixels", (1, 3, 8, 8))
+    with pytest.raises(GraphError, match="input has 3 channels"):
+        g.conv2d(x, "conv", np.zeros((4, 5, 3, 3)))
+
+
+def test_bf16_build_keeps_convolutions_and_matmuls_in_bf16():
+    graph = assign_precision(small_net(), PrecisionPolicy("bf16"))
+    math_ops = [n for n in graph.nodes if n.kind in (OpKind.CONV2D, OpKind.MATMUL, OpKind.LINEAR)]
+    assert math_ops and all(n.type.dtype is DType.BF16 for n in math_ops)
+
+
+def test_fp16_build_keeps_sensitive_ops_in_fp32():
+    graph = assign_precision(small_net(), PrecisionPolicy("fp16"))
+    dtypes = {n.name: n.type.dtype for n in graph.nodes}
+    assert dtypes["blocks.0.attn"] is DType.F32
+    assert dtypes["blocks.0.softmax"] is DType.F32
+    assert dtypes["blocks.0.norm"] is DType.F32
+    assert dtypes["stem.conv"] is DType.F16
+
+
+def test_name_pattern_override_wins_over_the_precision():
+    policy = PrecisionPolicy("fp16", overrides=(("stem.*", DType.F32),))
+    graph = assign_precision(small_net(), policy)
+    dtypes = {n.name: n.type.dtype for n in graph.nodes}
+    assert dtypes["stem.conv"] is DType.F32 and dtypes["blocks.0.conv_dw"] is DType.F16
+
+
+def test_precision_pass_inserts_casts_so_every_edge_is_typed():
+    graph = assign_precision(small_net(), PrecisionPolicy("fp16"))
+    graph.verify()  # raises on any edge whose dtypes differ without a cast
+    assert graph.node(graph.outputs[0]).type.dtype is DType.F32
+    assert graph.inputs[0].type.dtype is DType.F32
+
+
+def test_every_op_kind_has_a_torch_lowering():
+    assert set(LOWERINGS) == set(OpKind)
+
+
+def test_torch_lowering_serves_any_batch_size():
+    module = GraphModule(assign_precision(small_net(), PrecisionPolicy("fp32")))
+    assert module(torch.randn(3, 3, 16, 16)).shape == (3, 5)
+
+
+def test_unknown_precision_is_rejected_with_the_choices():
+    with pytest.raises(ValueError, match="fp32, fp16, bf16"):
+        PrecisionPolicy("int8")
