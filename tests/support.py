@@ -40,13 +40,37 @@ def randomize_(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     return model.eval()
 
 
-def save_timm_checkpoint(arch: str, folder: Path, *, seed: int = 0, labels: bool = False, **kwargs) -> Path:
+def calibrate_(model: torch.nn.Module, seed: int = 3) -> torch.nn.Module:
+    """Running statistics from one random batch (affine parameters stay random).
+
+    Statistics drawn at random leave deep nets far outside their working range (fp16 overflows and
+    ReLU6 stacks turn chaotic); measured ones keep the net well conditioned, while a wrong eps or
+    padding still moves the logits.
+    """
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    if not norms:
+        return model
+    for norm in norms:
+        norm.reset_running_stats()
+        norm.momentum = None  # cumulative average: after one batch, exactly that batch's statistics
+    c, h, w = model.pretrained_cfg.get("input_size", (3, 224, 224))
+    model.train()
+    with torch.no_grad():
+        model(torch.randn(4, c, h, w, generator=torch.Generator().manual_seed(seed)))
+    return model.eval()
+
+
+def save_timm_checkpoint(
+    arch: str, folder: Path, *, seed: int = 0, labels: bool = False, calibrate: bool = True, **kwargs
+) -> Path:
     """Create `arch` with timm, randomize it and save config.json + model.safetensors in `folder`."""
     import timm
     from safetensors.torch import save_file
 
     torch.manual_seed(seed)
     model = randomize_(timm.create_model(arch, pretrained=False, **kwargs), seed)
+    if calibrate:
+        calibrate_(model)
     folder.mkdir(parents=True, exist_ok=True)
     state = {k: v.contiguous() for k, v in model.state_dict().items() if not k.endswith("num_batches_tracked")}
     save_file(state, str(folder / "model.safetensors"))
@@ -128,6 +152,20 @@ def kl_divergence(ours: torch.Tensor, reference: torch.Tensor) -> float:
     return float((p.exp() * (p - q)).sum(-1).mean())
 
 
+# A top-1 flip in a low precision is a tie, not an error, when the reference's own margin is below
+# four unit roundoffs of the precision (fp16 keeps 11 significant bits, bf16 8) of the largest logit.
+TIE_MARGIN = {"fp16": 2.0**-9, "bf16": 2.0**-6}
+
+
+def flip_margins(ours: torch.Tensor, reference: torch.Tensor) -> list[float]:
+    """For each input whose top-1 differs: how far the reference ranks our pick below its own,
+    relative to its largest logit. A flip with a margin below the precision's rounding is a tie."""
+    picked = ours.float().argmax(-1, keepdim=True)
+    reference = reference.float()
+    margins = (reference.amax(-1, keepdim=True) - reference.gather(-1, picked)) / reference.abs().amax(-1, keepdim=True)
+    return [float(m) for m in margins.flatten() if m > 0]
+
+
 def check_parity(folder: Path, *, low_precision: tuple[str, ...] = ("fp16", "bf16")) -> dict:
     """fp32 relative error on random pixels; top-1 agreement and KL on the photos per precision.
 
@@ -145,5 +183,55 @@ def check_parity(folder: Path, *, low_precision: tuple[str, ...] = ("fp16", "bf1
                 "top1_agree": float((got.argmax(-1) == expected.argmax(-1)).float().mean()),
                 "kl": kl_divergence(got, expected),
                 "finite": bool(torch.isfinite(got).all()),
+                "flip_margins": flip_margins(got, expected),
             }
     return report
+
+
+def save_calibrated_checkpoint(folder: Path, dest: Path) -> Path:
+    """A copy of checkpoint `folder` whose batch-norm statistics are measured on the shared photos.
+
+    With random weights the activations of a deep network can grow block after block (GhostNet's
+    reach 1e6, past fp16's largest value 65504), which a trained network's do not. Statistics taken
+    from real images make every norm normalize, as training does, so fp16/bf16 agreement on the
+    photos measures the graph's precision instead of an overflow of the random init. The other
+    weights stay as they are.
+    """
+    from safetensors.torch import save_file
+
+    model = load_timm(folder)
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    for norm in norms:
+        norm.train()
+        norm.momentum = 1.0  # the running statistics become those of this one batch
+    with torch.no_grad():
+        model(photos_for(folder))
+    model.eval()
+    dest.mkdir(parents=True, exist_ok=True)
+    state = {k: v.contiguous() for k, v in model.state_dict().items() if not k.endswith("num_batches_tracked")}
+    save_file(state, str(dest / "model.safetensors"))
+    (dest / "config.json").write_text((folder / "config.json").read_text())
+    return dest
+
+
+def rewritten_checkpoint(source: Path, dest: Path, edit) -> Path:
+    """A copy of checkpoint `source` in `dest` whose state dict went through `edit(state)` (in place),
+    for tests that feed a family a malformed or foreign checkpoint."""
+    from safetensors.torch import load_file, save_file
+
+    dest.mkdir(parents=True)
+    (dest / "config.json").write_text((source / "config.json").read_text())
+    state = load_file(str(source / "model.safetensors"))
+    edit(state)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(dest / "model.safetensors"))
+    return dest
+
+
+def forbid_weight_reads(monkeypatch) -> None:
+    """Make any `Checkpoint.tensor` call fail: a refusal must come from names and shapes alone."""
+    from trtmc.checkpoint import Checkpoint
+
+    def read(self, name):
+        raise AssertionError(f"weights were read ({name}) before the layout was checked")
+
+    monkeypatch.setattr(Checkpoint, "tensor", read)

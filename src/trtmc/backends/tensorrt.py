@@ -63,12 +63,15 @@ class TensorRTLoadError(RuntimeError):
 # ---- logging and progress: TensorRT calls back into Python --------------------------------------
 
 _CLASSES: dict[tuple[str, str], type] = {}
+_LOGGERS: dict[tuple[str, str], Any] = {}
 
 
 def _logger(module) -> Any:
-    """An ILogger that keeps every error message (for exceptions) and forwards warnings to logging."""
+    """The process-wide ILogger for `module`: it keeps every error message (exceptions quote those
+    since a mark, `logger.since(mark)`) and forwards warnings to logging. One per module, because
+    TensorRT may keep using the first logger it was given for every later builder and runtime."""
     key = (module.__name__, "logger")
-    if key not in _CLASSES:
+    if key not in _LOGGERS:
 
         class CapturingLogger(module.ILogger):
             def __init__(self) -> None:
@@ -84,8 +87,11 @@ def _logger(module) -> Any:
                 elif severity == module.ILogger.INFO:
                     _log.debug("TensorRT: %s", msg)
 
-        _CLASSES[key] = CapturingLogger
-    return _CLASSES[key]()
+            def since(self, mark: int) -> list[str]:
+                return self.errors[mark:]
+
+        _LOGGERS[key] = CapturingLogger()
+    return _LOGGERS[key]
 
 
 def _progress_monitor(module, progress: Progress) -> Any:
@@ -133,6 +139,7 @@ class NetworkDefinition:
     builder: Any
     network: Any
     logger: Any
+    errors_from: int = 0  # where this network's messages start in logger.errors
     keepalive: list = field(default_factory=list)
     input_shape: tuple[int, ...] = ()  # (C, H, W): the batch is dimension 0, free at run time
     io_dtype: DType = DType.F32
@@ -166,6 +173,7 @@ def define_network(graph: Graph, spec: EngineSpec) -> NetworkDefinition:
             )
 
     logger = _logger(trt)
+    start = len(logger.errors)
     builder = trt.Builder(logger)
     network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
     lowerer = Lowerer(network, graph)
@@ -179,14 +187,15 @@ def define_network(graph: Graph, spec: EngineSpec) -> NetworkDefinition:
             # Reading the shape runs TensorRT's shape inference now, so its complaint names this node.
             shape, dtype = tuple(out.shape), out.dtype
         except UnsupportedNode as exc:
-            raise TensorRTBuildError(f"cannot lower {where}: {exc}", logger.errors[seen:]) from exc
+            raise TensorRTBuildError(f"cannot lower {where}: {exc}", logger.since(seen)) from exc
         except (RuntimeError, TypeError, ValueError, AttributeError) as exc:
-            raise TensorRTBuildError(f"TensorRT rejected {where}: {exc}", logger.errors[seen:]) from exc
+            raise TensorRTBuildError(f"TensorRT rejected {where}: {exc}", logger.since(seen)) from exc
         if len(logger.errors) > seen:
-            raise TensorRTBuildError(f"TensorRT rejected {where}", logger.errors[seen:])
+            raise TensorRTBuildError(f"TensorRT rejected {where}", logger.since(seen))
         if shape[1:] != node.type.shape[1:] or dtype != trt_dtype(node.type.dtype):
             raise TensorRTBuildError(
-                f"the TensorRT lowering of {where} gives {_dtype_name(dtype)}{list(shape)}: it does not mean what the graph says"
+                f"the TensorRT lowering of {where} gives {_dtype_name(dtype)}{list(shape)}: "
+                "it does not mean what the graph says"
             )
         if node.kind is not OpKind.INPUT and node.name not in (INPUT_NAME, OUTPUT_NAME):
             out.name = node.name
@@ -195,12 +204,13 @@ def define_network(graph: Graph, spec: EngineSpec) -> NetworkDefinition:
     output = tensors[graph.outputs[0]]
     output.name = OUTPUT_NAME
     network.mark_output(output)
-    if logger.errors:
-        raise TensorRTBuildError("TensorRT rejected the network's output", logger.errors)
+    if len(logger.errors) > start:
+        raise TensorRTBuildError("TensorRT rejected the network's output", logger.since(start))
     return NetworkDefinition(
         builder=builder,
         network=network,
         logger=logger,
+        errors_from=start,
         keepalive=lowerer.keepalive,
         input_shape=tuple(inputs[0].type.shape[1:]),
         io_dtype=spec.io_dtype,
@@ -365,9 +375,8 @@ def build(graph: Graph, spec: EngineSpec, progress: Progress | None = None) -> B
     plan = builder.build_serialized_network(network, config)
     seconds = time.perf_counter() - started
     if plan is None:
-        raise TensorRTBuildError(
-            f"{TRT_MODULE} {_version(trt)} could not build the plan for {spec.key}", definition.logger.errors
-        )
+        errors = definition.logger.since(definition.errors_from)
+        raise TensorRTBuildError(f"{TRT_MODULE} {_version(trt)} could not build the plan for {spec.key}", errors)
     data = bytes(memoryview(plan))
     if cache is not None:
         cache.save()
@@ -502,10 +511,12 @@ class TensorRTEngine:
         self._torch = torch
         self._trt = module = importlib.import_module(record["builder"])
         self._logger = _logger(module)
+        mark = len(self._logger.errors)
         self._runtime = module.Runtime(self._logger)
         self._engine = self._runtime.deserialize_cuda_engine(plan)
         if self._engine is None:
-            raise TensorRTLoadError("\n".join([f"{record['builder']} could not deserialize the plan", *self._logger.errors]))
+            errors = self._logger.since(mark)
+            raise TensorRTLoadError("\n".join([f"{record['builder']} could not deserialize the plan", *errors]))
         self.max_batch = int(record["options"]["max_batch"])
         dtypes = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
         self._input_dtype = dtypes[_dtype_name(self._engine.get_tensor_dtype(INPUT_NAME))]
@@ -530,14 +541,17 @@ class TensorRTEngine:
         return self._engine.create_execution_context()
 
     def _execute(self, context) -> None:
+        mark = len(self._logger.errors)
         if not context.execute_async_v3(self._stream.cuda_stream):
-            raise RuntimeError("\n".join(["TensorRT inference failed", *self._logger.errors[-5:]]))
+            raise RuntimeError("\n".join(["TensorRT inference failed", *self._logger.since(mark)]))
 
     def _slot(self, batch: int) -> _Slot:
         torch = self._torch
+        mark = len(self._logger.errors)
         context = self._context()
         if context is None:
-            raise TensorRTLoadError("\n".join(["TensorRT could not create an execution context", *self._logger.errors]))
+            errors = self._logger.since(mark)
+            raise TensorRTLoadError("\n".join(["TensorRT could not create an execution context", *errors]))
         x = torch.zeros((batch, *self._chw), dtype=self._input_dtype, device=self._device)
         if not context.set_input_shape(INPUT_NAME, tuple(x.shape)):
             raise ValueError(f"this plan does not take a batch of {batch} (its profile is 1..{self.max_batch})")
@@ -586,7 +600,8 @@ class TensorRTEngine:
 
     def __call__(self, pixels):
         if pixels.ndim != 4 or tuple(pixels.shape[1:]) != self._chw or pixels.shape[0] == 0:
-            raise ValueError(f"expected pixels of shape (N, {', '.join(map(str, self._chw))}), got {tuple(pixels.shape)}")
+            chw = ", ".join(map(str, self._chw))
+            raise ValueError(f"expected pixels of shape (N, {chw}), got {tuple(pixels.shape)}")
         pixels = pixels.to(self._device)
         chunks = [self._run(chunk) for chunk in pixels.split(self.max_batch)]
         return chunks[0] if len(chunks) == 1 else self._torch.cat(chunks)

@@ -12,8 +12,8 @@ from ..checkpoint import Checkpoint, CheckpointError
 from ..graph import Activation, Graph
 from ..graph_builder import GraphBuilder, Tensor
 from . import Family, UnsupportedModel
-from ._parts import batch_norm, block_indices, classifier_head, conv, conv_norm_act, image_input, squeeze_excite
-from .resnet import LayoutReader
+from ._parts import batch_norm, block_indices, classifier_head, conv, conv_norm_act, expect_tensors, image_input, squeeze_excite
+from .resnet import expect_conv, expect_linear
 
 
 @dataclass(frozen=True)
@@ -48,47 +48,46 @@ def derive_layout(ckpt: Checkpoint, arch: ArchConfig) -> Layout:
     Group counts follow from the conv2 weight shape (width / group width) and the SE width from
     `se.fc1`, so nothing of timm's width/group schedule is tabulated.
     """
-    r = LayoutReader(ckpt, "regnet")
-    channels = r.conv("stem.conv", ckpt.config.pretrained.input_size[0], norm="stem.bn")[0]
+    name = ckpt.config.architecture
+    names = set(ckpt.names)
+    expected: dict[str, tuple[int, ...]] = {}
+    channels = expect_conv(ckpt, expected, "stem.conv", ckpt.config.pretrained.input_size[0], norm="stem.bn")[0]
     found = block_indices(ckpt, r"^s(\d+)\.b(\d+)\.")
     stages = sorted({s for s, _ in found})
     if stages != list(range(1, len(arch.stage_strides) + 1)):
         raise UnsupportedModel(
-            f"{r.arch}: expected stages s1..s{len(arch.stage_strides)}, the checkpoint has "
+            f"{name}: expected stages s1..s{len(arch.stage_strides)}, the checkpoint has "
             f"{', '.join(f's{s}' for s in stages) or 'none'}"
         )
     blocks = []
     for stage, stage_stride in zip(stages, arch.stage_strides):
         indices = [b for s, b in found if s == stage]
         if indices != list(range(1, len(indices) + 1)):
-            raise CheckpointError(f"{r.arch}: s{stage} block indices {indices} are not 1..{len(indices)}")
+            raise CheckpointError(f"{name}: s{stage} block indices {indices} are not 1..{len(indices)}")
         for index in indices:
             prefix = f"s{stage}.b{index}"
             stride = stage_stride if index == 1 else 1
             x = channels
-            width = r.conv(f"{prefix}.conv1.conv", x, norm=f"{prefix}.conv1.bn")[0]
-            width = r.conv(f"{prefix}.conv2.conv", width, norm=f"{prefix}.conv2.bn")[0]
-            se = r.has(f"{prefix}.se.fc1")
+            width = expect_conv(ckpt, expected, f"{prefix}.conv1.conv", x, norm=f"{prefix}.conv1.bn")[0]
+            width = expect_conv(ckpt, expected, f"{prefix}.conv2.conv", width, norm=f"{prefix}.conv2.bn")[0]
+            se = f"{prefix}.se.fc1.weight" in names
             if se:
-                reduced = r.conv(f"{prefix}.se.fc1", width)[0]
-                if r.conv(f"{prefix}.se.fc2", reduced)[0] != width:
-                    raise CheckpointError(
-                        f"{r.arch}: {prefix}.se.fc2.weight {r.shape(f'{prefix}.se.fc2.weight')} does not "
-                        f"restore the {width} channels of {prefix}.conv2"
-                    )
-            channels = r.conv(f"{prefix}.conv3.conv", width, norm=f"{prefix}.conv3.bn")[0]
-            projects = r.has(f"{prefix}.downsample.conv")
+                reduced = expect_conv(ckpt, expected, f"{prefix}.se.fc1", width)[0]
+                expected[f"{prefix}.se.fc2.weight"] = (width, reduced, 1, 1)
+                expected[f"{prefix}.se.fc2.bias"] = (width,)
+            channels = expect_conv(ckpt, expected, f"{prefix}.conv3.conv", width, norm=f"{prefix}.conv3.bn")[0]
+            projects = f"{prefix}.downsample.conv.weight" in names
             if projects:
-                projected = r.conv(f"{prefix}.downsample.conv", x, norm=f"{prefix}.downsample.bn")[0]
+                projected = expect_conv(ckpt, expected, f"{prefix}.downsample.conv", x, norm=f"{prefix}.downsample.bn")[0]
             elif stride != 1:
-                raise CheckpointError(f"{r.arch}: {prefix} halves the resolution but has no downsample.conv")
+                raise CheckpointError(f"{name}: {prefix} halves the resolution but has no downsample.conv")
             else:
                 projected = x
             if projected != channels:
-                raise CheckpointError(f"{r.arch}: {prefix} outputs {channels} channels but its shortcut carries {projected}")
+                raise CheckpointError(f"{name}: {prefix} outputs {channels} channels but its shortcut carries {projected}")
             blocks.append(BlockSpec(prefix, stride, se, projects))
-    r.linear("head.fc", channels)
-    r.refuse_unused()
+    expect_linear(ckpt, expected, "head.fc", channels)
+    expect_tensors(ckpt, expected)
     return Layout(tuple(blocks))
 
 

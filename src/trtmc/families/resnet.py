@@ -12,7 +12,10 @@ from ..checkpoint import Checkpoint, CheckpointError
 from ..graph import Activation, Graph, PoolMode
 from ..graph_builder import GraphBuilder, Tensor
 from . import Family, UnsupportedModel
-from ._parts import batch_norm, block_indices, classifier_head, conv, image_input, max_pool, squeeze_excite
+from ._parts import (
+    batch_norm, block_indices, classifier_head, conv, expect_shape, expect_tensors, image_input, max_pool, norm_shapes,
+    squeeze_excite,
+)
 
 # The stem max pool (kernel, stride, padding): timm's ResNet without `replace_stem_pool` or `aa_layer`.
 STEM_POOL = (3, 2, 1)
@@ -63,74 +66,35 @@ class Layout:
     blocks: tuple[BlockSpec, ...]
 
 
-class LayoutReader:
-    """Checks conv, norm and linear tensors by name and shape while a layout is derived.
+def expect_conv(
+    ckpt: Checkpoint, expected: dict[str, tuple[int, ...]], prefix: str, channels: int, norm: str | None = None
+) -> tuple[int, ...]:
+    """The [out, in/groups, kh, kw] shape of the conv at `prefix`, checked against the `channels` it
+    reads; adds the conv (with its bias and `norm`, if any) to an `expect_tensors` table.
 
-    Only shapes are read, so a malformed checkpoint is refused before any weight loads. It also
-    records which modules the layout uses, so a checkpoint with modules it does not know (an
-    anti-aliasing layer, a pre-activation norm, a final conv) is refused instead of silently
-    computing something else. RegNet derives its layout with it too.
+    Shapes only: a malformed checkpoint is refused before any weight loads. RegNet uses it too.
     """
+    name = f"{prefix}.weight"
+    shape = expect_shape(ckpt, name, rank=4)
+    if channels % shape[1] or shape[0] % (channels // shape[1]):
+        raise CheckpointError(
+            f"{ckpt.config.architecture}: tensor {name!r} has shape {shape}, which cannot be a conv "
+            f"reading {channels} channels"
+        )
+    expected[name] = shape
+    if f"{prefix}.bias" in ckpt:
+        expected[f"{prefix}.bias"] = shape[:1]
+    if norm is not None:
+        expected.update(norm_shapes(norm, shape[0]))
+    return shape
 
-    _NORM_LEAVES = ("weight", "bias", "running_mean", "running_var")
 
-    def __init__(self, ckpt: Checkpoint, family: str) -> None:
-        self.ckpt = ckpt
-        self.family = family
-        self.arch = ckpt.config.architecture
-        self.names = set(ckpt.names)
-        self.used: set[str] = set()
-
-    def has(self, module: str) -> bool:
-        return f"{module}.weight" in self.names
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        if name not in self.names:
-            raise CheckpointError(f"{self.arch}: tensor {name!r} is missing from {self.ckpt.weights_path}")
-        return self.ckpt.shape(name)
-
-    def conv(self, prefix: str, channels: int, norm: str | None = None) -> tuple[int, ...]:
-        """The [out, in/groups, kh, kw] shape of the conv at `prefix`, checked against its input."""
-        name = f"{prefix}.weight"
-        shape = self.shape(name)
-        if len(shape) != 4 or channels % shape[1] or shape[0] % (channels // shape[1]):
-            raise CheckpointError(
-                f"{self.arch}: {name} has shape {shape}, which cannot be a conv reading {channels} channels"
-            )
-        self.used.add(prefix)
-        if f"{prefix}.bias" in self.names:
-            self._vector(f"{prefix}.bias", shape[0])
-        if norm is not None:
-            for leaf in self._NORM_LEAVES:
-                self._vector(f"{norm}.{leaf}", shape[0])
-            self.used.add(norm)
-        return shape
-
-    def linear(self, prefix: str, features: int) -> None:
-        name = f"{prefix}.weight"
-        shape = self.shape(name)
-        classes = self.ckpt.config.num_classes
-        if shape != (classes, features):
-            raise CheckpointError(
-                f"{self.arch}: {name} has shape {shape}; the network gives {features} features and "
-                f"config.json says num_classes={classes}, so it should be {(classes, features)}"
-            )
-        self.used.add(prefix)
-        if f"{prefix}.bias" in self.names:
-            self._vector(f"{prefix}.bias", classes)
-
-    def refuse_unused(self) -> None:
-        unused = sorted(n for n in self.names if n.rsplit(".", 1)[0] not in self.used)
-        if unused:
-            raise UnsupportedModel(
-                f"{self.arch}: the checkpoint holds {len(unused)} tensors the {self.family} family does not "
-                f"know how to use (first: {', '.join(unused[:3])}); it is not a plain timm {self.arch}"
-            )
-
-    def _vector(self, name: str, width: int) -> None:
-        shape = self.shape(name)
-        if shape != (width,):
-            raise CheckpointError(f"{self.arch}: {name} has shape {shape}, expected ({width},)")
+def expect_linear(ckpt: Checkpoint, expected: dict[str, tuple[int, ...]], prefix: str, features: int) -> None:
+    """The classifier at `prefix`: `features` in, config.json's num_classes out."""
+    classes = ckpt.config.num_classes
+    expected[f"{prefix}.weight"] = (classes, features)
+    if f"{prefix}.bias" in ckpt:
+        expected[f"{prefix}.bias"] = (classes,)
 
 
 def derive_layout(ckpt: Checkpoint, arch: ArchConfig) -> Layout:
@@ -140,25 +104,30 @@ def derive_layout(ckpt: Checkpoint, arch: ArchConfig) -> Layout:
     `downsample.1` a 1x1 conv behind an average pool ("D" models); the groups of the 3x3 and every
     width follow from the weight shapes, so one code path serves every size.
     """
-    r = LayoutReader(ckpt, "resnet")
+    name = ckpt.config.architecture
+    names = set(ckpt.names)
+    expected: dict[str, tuple[int, ...]] = {}
     channels, height, width = ckpt.config.pretrained.input_size
 
-    if r.has("conv1"):
+    if "conv1.weight" in names:
         stem = (StemConv("conv1", "bn1", "act1", 2),)
     else:
-        # The deep stem is a Sequential: conv, bn, relu, conv, bn, relu, conv; bn1/act1 follow it.
-        convs = [i for (i,) in block_indices(ckpt, r"^conv1\.(\d+)\.weight$") if len(r.shape(f"conv1.{i}.weight")) == 4]
+        # The deep stem is a Sequential (conv, bn, relu, conv, bn, relu, conv) that bn1/act1 follow.
+        convs = [i for (i,) in block_indices(ckpt, r"^conv1\.(\d+)\.weight$") if len(ckpt.shape(f"conv1.{i}.weight")) == 4]
         if not convs:
-            raise CheckpointError(f"{r.arch}: no stem conv (neither conv1.weight nor conv1.N.weight) in {ckpt.weights_path}")
+            raise CheckpointError(f"{name}: no stem conv (neither conv1.weight nor conv1.N.weight) in {ckpt.weights_path}")
         stem = tuple(
-            StemConv(f"conv1.{i}", *((f"conv1.{i + 1}", f"conv1.{i + 2}") if k < len(convs) - 1 else ("bn1", "act1")),
-                     stride=2 if k == 0 else 1)
+            StemConv(
+                f"conv1.{i}",
+                *((f"conv1.{i + 1}", f"conv1.{i + 2}") if k < len(convs) - 1 else ("bn1", "act1")),
+                stride=2 if k == 0 else 1,
+            )
             for k, i in enumerate(convs)
         )
     # Every strided op here (the stem convs and pool, the strided 3x3, the strided 1x1 projection,
     # all with timm's symmetric padding) maps a side of n pixels to ceil(n / stride).
     for s in stem:
-        channels = r.conv(s.conv, channels, norm=s.norm)[0]
+        channels = expect_conv(ckpt, expected, s.conv, channels, norm=s.norm)[0]
         height, width = -(-height // s.stride), -(-width // s.stride)
     height, width = -(-height // STEM_POOL[1]), -(-width // STEM_POOL[1])
 
@@ -166,57 +135,52 @@ def derive_layout(ckpt: Checkpoint, arch: ArchConfig) -> Layout:
     stages = sorted({s for s, _ in found})
     if stages != list(range(1, len(arch.stage_strides) + 1)):
         raise UnsupportedModel(
-            f"{r.arch}: expected stages layer1..layer{len(arch.stage_strides)}, the checkpoint has "
+            f"{name}: expected stages layer1..layer{len(arch.stage_strides)}, the checkpoint has "
             f"{', '.join(f'layer{s}' for s in stages) or 'none'}"
         )
     blocks = []
     for stage, stage_stride in zip(stages, arch.stage_strides):
         indices = [b for s, b in found if s == stage]
         if indices != list(range(len(indices))):
-            raise CheckpointError(f"{r.arch}: layer{stage} block indices {indices} are not 0..{len(indices) - 1}")
+            raise CheckpointError(f"{name}: layer{stage} block indices {indices} are not 0..{len(indices) - 1}")
         for index in indices:
             prefix = f"layer{stage}.{index}"
             stride = stage_stride if index == 0 else 1
-            n = 3 if r.has(f"{prefix}.conv3") else 2
+            n = 3 if f"{prefix}.conv3.weight" in names else 2
             x = channels
             for i in range(1, n + 1):
-                channels = r.conv(f"{prefix}.conv{i}", channels, norm=f"{prefix}.bn{i}")[0]
-            se = r.has(f"{prefix}.se.fc1")
+                channels = expect_conv(ckpt, expected, f"{prefix}.conv{i}", channels, norm=f"{prefix}.bn{i}")[0]
+            se = f"{prefix}.se.fc1.weight" in names
             if se:
-                reduced = r.conv(f"{prefix}.se.fc1", channels)[0]
-                if r.conv(f"{prefix}.se.fc2", reduced)[0] != channels:
-                    raise CheckpointError(
-                        f"{r.arch}: {prefix}.se.fc2.weight {r.shape(f'{prefix}.se.fc2.weight')} does not "
-                        f"restore the {channels} channels of {prefix}"
-                    )
+                reduced = expect_conv(ckpt, expected, f"{prefix}.se.fc1", channels)[0]
+                expected[f"{prefix}.se.fc2.weight"] = (channels, reduced, 1, 1)
+                expected[f"{prefix}.se.fc2.bias"] = (channels,)
             shortcut = None
-            if r.has(f"{prefix}.downsample.0"):
+            if f"{prefix}.downsample.0.weight" in names:
                 shortcut = Shortcut(f"{prefix}.downsample.0", f"{prefix}.downsample.1", None)
-            elif r.has(f"{prefix}.downsample.1"):
+            elif f"{prefix}.downsample.1.weight" in names:
                 # timm's downsample_avg puts nn.Identity at index 0 when the block does not stride.
                 pool = f"{prefix}.downsample.0" if stride > 1 else None
                 shortcut = Shortcut(f"{prefix}.downsample.1", f"{prefix}.downsample.2", pool)
                 if pool and (height % 2 or width % 2):
                     raise UnsupportedModel(
-                        f"{r.arch}: {pool} average-pools a {height}x{width} map with ceil_mode=True, which "
+                        f"{name}: {pool} average-pools a {height}x{width} map with ceil_mode=True, which "
                         f"keeps the odd last row/column; trtmc's POOL2D has no ceil mode, so input_size "
                         f"{list(ckpt.config.pretrained.input_size)} is not supported (sides that are "
                         f"multiples of 32 are)"
                     )
             if shortcut is not None:
-                projected = r.conv(shortcut.conv, x, norm=shortcut.norm)[0]
+                projected = expect_conv(ckpt, expected, shortcut.conv, x, norm=shortcut.norm)[0]
             elif stride != 1:
-                raise CheckpointError(f"{r.arch}: {prefix} halves the resolution but has no downsample tensors")
+                raise CheckpointError(f"{name}: {prefix} halves the resolution but has no downsample tensors")
             else:
                 projected = x
             if projected != channels:
-                raise CheckpointError(
-                    f"{r.arch}: {prefix} outputs {channels} channels but its shortcut carries {projected}"
-                )
+                raise CheckpointError(f"{name}: {prefix} outputs {channels} channels but its shortcut carries {projected}")
             height, width = -(-height // stride), -(-width // stride)
             blocks.append(BlockSpec(prefix, n, stride, 2 if n == 3 else 1, se, shortcut))
-    r.linear("fc", channels)
-    r.refuse_unused()
+    expect_linear(ckpt, expected, "fc", channels)
+    expect_tensors(ckpt, expected)
     return Layout(stem, tuple(blocks))
 
 

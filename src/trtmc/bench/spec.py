@@ -1,0 +1,239 @@
+"""What `trtmc bench` runs: the timing protocol and one frozen `Entry` per model, read from YAML.
+
+The file has three top-level keys; `defaults` fills every field an entry leaves out, and relative
+paths (`model:` folders, `photo:`) are resolved against the YAML file's own folder:
+
+    protocol: {warmups: 3, iters: 10, margin: 0.05}
+    defaults: {precision: fp16, batch: [1, 128], weights: checkpoint, photo: ../examples/images/chelsea.png}
+    entries:
+      - model: timm/ghostnet_100.in1k          # HF id, local folder, or timm architecture name
+      - name: lite0-real                       # optional; defaults to the model's short name
+        model: ../examples/checkpoints/tf_efficientnet_lite0.in1k
+        batch: [1, 8, 128]
+        protocol: {iters: 20}                  # per-entry override of single protocol fields
+
+Every mistake is reported with the file, the entry (index and name) and the key at fault.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+WEIGHTS = ("checkpoint", "random")
+MAX_BATCH = 4096
+# timm baselines (trtmc.bench.baselines makes them); max-autotune is opt-in: its compile takes minutes.
+BASELINES = ("eager-fp32", "eager-cl", "reduce-overhead", "max-autotune")
+DEFAULT_BASELINES = ("eager-fp32", "eager-cl", "reduce-overhead")
+
+TOP_KEYS = ("protocol", "defaults", "entries")
+PROTOCOL_KEYS = ("warmups", "iters", "margin")
+ENTRY_KEYS = ("name", "model", "precision", "batch", "weights", "photo", "seed", "protocol")
+DEFAULT_KEYS = tuple(k for k in ENTRY_KEYS if k not in ("name", "model"))
+
+
+class SpecError(ValueError):
+    """A benchmark file or command line that cannot be run; the message names the place and the fix."""
+
+
+@dataclass(frozen=True)
+class TimingProtocol:
+    """Per row: `warmups` untimed calls, then `iters` timed ones; the median is the result.
+
+    `margin` is both the stability bound (a row whose samples stray further than this fraction from
+    their median is re-run once, then marked unstable) and the equivalence margin (a speed ratio
+    within 1 +- margin counts as on par).
+    """
+
+    warmups: int = 3
+    iters: int = 10
+    margin: float = 0.05
+
+    def validate(self, where: str) -> None:
+        if not _is_int(self.warmups) or self.warmups < 0:
+            raise SpecError(f"{where}: 'warmups' must be an integer >= 0, got {self.warmups!r}")
+        if not _is_int(self.iters) or self.iters < 3:
+            raise SpecError(f"{where}: 'iters' must be an integer >= 3 (a median needs samples), got {self.iters!r}")
+        if isinstance(self.margin, bool) or not isinstance(self.margin, (int, float)) or not 0 < self.margin < 1:
+            raise SpecError(f"{where}: 'margin' must be a fraction between 0 and 1 (0.05 is 5%), got {self.margin!r}")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One model to benchmark: built once, timed at every batch size, checked by the oracle."""
+
+    name: str
+    model: str  # Hugging Face id, local checkpoint folder, or timm architecture name (random weights)
+    precision: str = "fp16"
+    batch_sizes: tuple[int, ...] = (1, 128)
+    weights: str = "checkpoint"  # or "random": a random-weight checkpoint written for the architecture
+    photo: Path | None = None  # the oracle's image; None: the photo shipped with trtmc
+    seed: int = 0  # for random weights
+    protocol: TimingProtocol = field(default_factory=TimingProtocol)
+
+    @property
+    def max_batch(self) -> int:
+        return max(self.batch_sizes)
+
+    def validate(self, where: str) -> None:
+        if not isinstance(self.model, str) or not self.model.strip():
+            raise SpecError(f"{where}: 'model' must be a Hugging Face id, a checkpoint folder or a timm architecture name, got {self.model!r}")
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise SpecError(f"{where}: 'name' must be a non-empty string, got {self.name!r}")
+        if self.precision not in PRECISIONS:
+            raise SpecError(f"{where}: 'precision' must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.weights not in WEIGHTS:
+            raise SpecError(f"{where}: 'weights' must be 'checkpoint' or 'random', got {self.weights!r}")
+        if not self.batch_sizes or not all(_is_int(b) and 1 <= b <= MAX_BATCH for b in self.batch_sizes):
+            raise SpecError(f"{where}: 'batch' must be a list of integers from 1 to {MAX_BATCH}, got {list(self.batch_sizes)!r}")
+        if len(set(self.batch_sizes)) != len(self.batch_sizes):
+            raise SpecError(f"{where}: 'batch' lists a size twice: {list(self.batch_sizes)!r}")
+        if not _is_int(self.seed) or self.seed < 0:
+            raise SpecError(f"{where}: 'seed' must be an integer >= 0, got {self.seed!r}")
+        if self.photo is not None and not Path(self.photo).is_file():
+            raise SpecError(f"{where}: 'photo' {self.photo}: no such image file")
+        self.protocol.validate(f"{where}: protocol")
+
+    def with_random_weights(self) -> "Entry":
+        return replace(self, weights="random")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    path: Path | None
+    entries: tuple[Entry, ...]
+
+    def select(self, names: list[str] | None) -> tuple[Entry, ...]:
+        """The entries named (in the order given); an unknown name is an error listing the known ones."""
+        if not names:
+            return self.entries
+        by_name = {e.name: e for e in self.entries}
+        unknown = [n for n in names if n not in by_name]
+        if unknown:
+            hint = _suggest(unknown[0], by_name)
+            raise SpecError(
+                f"--only {unknown[0]!r}: no such entry in {self.path}{hint}; entries: {', '.join(by_name)}"
+            )
+        return tuple(by_name[n] for n in dict.fromkeys(names))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _suggest(key: str, known) -> str:
+    close = difflib.get_close_matches(str(key), list(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _check_keys(mapping: Mapping, allowed: tuple[str, ...], where: str) -> None:
+    for key in mapping:
+        if key not in allowed:
+            raise SpecError(f"{where}: unknown key {key!r}{_suggest(key, allowed)}; allowed: {', '.join(allowed)}")
+
+
+def _mapping(value: Any, where: str) -> Mapping:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise SpecError(f"{where}: must be a mapping of key: value, got {type(value).__name__}")
+    return value
+
+
+def _protocol(raw: Any, base: TimingProtocol, where: str) -> TimingProtocol:
+    raw = _mapping(raw, where)
+    _check_keys(raw, PROTOCOL_KEYS, where)
+    protocol = replace(base, **dict(raw))
+    protocol.validate(where)
+    return protocol
+
+
+def _batch(value: Any, where: str) -> tuple[int, ...]:
+    if _is_int(value):
+        value = [value]
+    if not isinstance(value, list):
+        raise SpecError(f"{where}: 'batch' must be a list of integers such as [1, 128], got {value!r}")
+    return tuple(value)
+
+
+def default_name(model: str) -> str:
+    """`timm/resnet50.a1_in1k` -> `resnet50`; `./x/tf_efficientnet_lite0.in1k` -> `tf_efficientnet_lite0`."""
+    return Path(model.rstrip("/")).name.split(".")[0] or model
+
+
+def _resolve(value: str, base: Path | None) -> str:
+    path = Path(value).expanduser()
+    if base is None or path.is_absolute():
+        return str(path)
+    return str((base / path).resolve())
+
+
+def _is_local(model: str, base: Path | None) -> bool:
+    return model.startswith((".", "/", "~")) or (base is not None and (base / model).exists())
+
+
+def parse_config(raw: Any, path: Path | None = None) -> BenchConfig:
+    """Validate a loaded YAML document into frozen entries (see the module docstring for the format)."""
+    where = str(path) if path is not None else "<config>"
+    base = path.parent if path is not None else None
+    raw = _mapping(raw, where)
+    _check_keys(raw, TOP_KEYS, where)
+    protocol = _protocol(raw.get("protocol"), TimingProtocol(), f"{where}: protocol")
+    defaults = _mapping(raw.get("defaults"), f"{where}: defaults")
+    _check_keys(defaults, DEFAULT_KEYS, f"{where}: defaults")
+    if "protocol" in defaults:
+        protocol = _protocol(defaults["protocol"], protocol, f"{where}: defaults.protocol")
+    items = raw.get("entries")
+    if not isinstance(items, list) or not items:
+        raise SpecError(f"{where}: 'entries' must be a non-empty list of models to benchmark")
+    entries: list[Entry] = []
+    seen: dict[str, int] = {}
+    for index, item in enumerate(items):
+        label = f"{where}: entries[{index}]"
+        item = _mapping(item, label)
+        if "model" not in item:
+            raise SpecError(f"{label}: 'model' is required (a Hugging Face id, a checkpoint folder or a timm architecture name)")
+        model = item["model"]
+        if isinstance(model, str):
+            label = f"{where}: entries[{index}] ({item.get('name', default_name(model))})"
+        _check_keys(item, ENTRY_KEYS, label)
+        merged = {**{k: v for k, v in defaults.items() if k != "protocol"}, **item}
+        if isinstance(model, str) and _is_local(model, base):
+            model = _resolve(model, base)
+        photo = merged.get("photo")
+        if photo is not None and not isinstance(photo, str):
+            raise SpecError(f"{label}: 'photo' must be a path to an image file, got {photo!r}")
+        entry = Entry(
+            name=merged.get("name", default_name(model) if isinstance(model, str) else ""),
+            model=model,
+            precision=merged.get("precision", "fp16"),
+            batch_sizes=_batch(merged.get("batch", [1, 128]), label),
+            weights=merged.get("weights", "checkpoint"),
+            photo=Path(_resolve(photo, base)) if photo else None,
+            seed=merged.get("seed", 0),
+            protocol=_protocol(item.get("protocol"), protocol, f"{label}: protocol"),
+        )
+        entry.validate(label)
+        if entry.name in seen:
+            raise SpecError(
+                f"{label}: name {entry.name!r} is already used by entries[{seen[entry.name]}]; give one of them a 'name:'"
+            )
+        seen[entry.name] = index
+        entries.append(entry)
+    return BenchConfig(path, tuple(entries))
+
+
+def load_config(path: Path) -> BenchConfig:
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise SpecError(f"{path}: no such benchmark file; pass --config FILE, or --model MODEL to bench one model")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{path}: not valid YAML ({exc})") from exc
+    return parse_config(raw, path)

@@ -1,0 +1,151 @@
+"""GPU acceptance check: build CUDA bundles, classify the shared photos in a fresh process, time batch 1.
+
+For each architecture: a checkpoint (the repo's real lite0, or random weights saved in the HF layout),
+`trtmc build --device cuda --precision P` in a subprocess (build time), then a fresh process that opens
+the bundle (load time, proving the Inductor caches make the first call warm), classifies the photos and
+times the engine at batch 1 with CUDA events over CUDA-graph replays. The reference is trtmc's own
+float32 graph run eagerly on the CPU (the "CPU fp32 result") and timm fp32 with the same weights.
+
+    PYTHONPATH=src python tools/gpu_check.py --images DIR --out OUT [--precision fp16] ARCH ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+LITE0 = REPO / "examples" / "checkpoints" / "tf_efficientnet_lite0.in1k"
+
+
+def classify_in_fresh_process(bundle: Path, images: list[Path]) -> dict:
+    """Runs in a child process: load, classify, time batch 1."""
+    import numpy as np
+    import torch
+
+    from trtmc.runtime import Runtime
+    from trtmc.tasks import image_to_class_scores
+
+    t0 = time.perf_counter()
+    runtime = Runtime.open(bundle)
+    first = image_to_class_scores(runtime, [str(images[0])])
+    first_call_s = time.perf_counter() - t0
+    scores = image_to_class_scores(runtime, [str(p) for p in images])
+    x = torch.randn((1,) + tuple(runtime.graph.inputs[0].type.shape[1:]), device="cuda")
+    for _ in range(20):
+        runtime.engine(x)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(7):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(200):
+            runtime.engine(x)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 200)
+    task_times = []
+    for _ in range(20):
+        t = time.perf_counter()
+        image_to_class_scores(runtime, [str(images[0])])
+        task_times.append((time.perf_counter() - t) * 1e3)
+    return {
+        "engine": runtime.choice.key,
+        "skipped": runtime.skipped,
+        "load_and_first_call_s": round(first_call_s, 2),
+        "top1": np.argmax(scores.logits, -1).tolist(),
+        "logits": scores.logits.tolist(),
+        "engine_ms_batch1": round(sorted(times)[len(times) // 2], 4),
+        "task_ms_batch1": round(sorted(task_times)[len(task_times) // 2], 3),
+        "first_call_logits_ok": bool(np.allclose(first.logits[0], scores.logits[0], atol=1e-3)),
+    }
+
+
+def cpu_reference(folder: Path, images: list[Path], bundle: Path) -> dict:
+    import numpy as np
+    import torch
+
+    sys.path.insert(0, str(REPO / "tests"))
+    from support import load_timm
+
+    from trtmc.backends.torch_lowering import GraphModule
+    from trtmc.bundle import read_bundle
+    from trtmc.checkpoint import Checkpoint
+    from trtmc.families import build_graph
+    from trtmc.passes.precision import PrecisionPolicy, assign_precision
+    from trtmc.preprocess import PreprocessSpec
+    from PIL import Image
+
+    spec = read_bundle(bundle).preprocess
+    pixels = torch.stack([spec.from_pil(Image.open(p)) for p in images])
+    _, graph = build_graph(Checkpoint(folder), "fp32")
+    with torch.no_grad():
+        ours = GraphModule(assign_precision(graph, PrecisionPolicy("fp32")))(pixels)
+        timm_logits = load_timm(folder)(pixels)
+    return {"cpu_fp32_top1": ours.argmax(-1).tolist(), "timm_fp32_top1": timm_logits.argmax(-1).tolist(),
+            "cpu_fp32_logits": ours.tolist()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("archs", nargs="+")
+    parser.add_argument("--images", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--precision", default="fp16")
+    parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    images = sorted(p for p in args.images.iterdir() if p.suffix in (".jpg", ".png"))
+    if args.child:
+        print(json.dumps(classify_in_fresh_process(args.child, images)))
+        return
+
+    sys.path.insert(0, str(REPO / "tests"))
+    from support import save_timm_checkpoint
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    work = Path("/tmp/gpu_check")
+    results = {}
+    for arch in args.archs:
+        row: dict = {"arch": arch, "precision": args.precision}
+        try:
+            folder = LITE0 if arch == "tf_efficientnet_lite0" else save_timm_checkpoint(arch, work / arch)
+            bundle = work / f"{arch}-{args.precision}.bundle"
+            t = time.perf_counter()
+            build = subprocess.run(
+                [sys.executable, "-m", "trtmc", "build", str(folder), "-o", str(bundle), "--device", "cuda",
+                 "--precision", args.precision, "-q"], capture_output=True, text=True)
+            row["build_s"] = round(time.perf_counter() - t, 1)
+            if build.returncode:
+                row["error"] = build.stderr[-2000:]
+                results[arch] = row
+                continue
+            child = subprocess.run([sys.executable, __file__, arch, "--images", str(args.images), "--out", str(args.out),
+                                    "--child", str(bundle)], capture_output=True, text=True)
+            if child.returncode:
+                row["error"] = child.stderr[-3000:]
+                results[arch] = row
+                continue
+            gpu = json.loads(child.stdout.strip().splitlines()[-1])
+            ref = cpu_reference(folder, images, bundle)
+            import numpy as np
+
+            g, c = np.array(gpu.pop("logits")), np.array(ref.pop("cpu_fp32_logits"))
+            row.update(gpu)
+            row.update(ref)
+            row["top1_matches_cpu"] = sum(a == b for a, b in zip(gpu["top1"], ref["cpu_fp32_top1"]))
+            row["top1_matches_timm"] = sum(a == b for a, b in zip(gpu["top1"], ref["timm_fp32_top1"]))
+            row["max_abs_logit_diff_vs_cpu"] = float(np.abs(g - c).max())
+            row["photos"] = len(images)
+        except Exception as exc:  # keep going: one report for every architecture
+            row["error"] = f"{type(exc).__name__}: {exc}"
+        results[arch] = row
+        print(json.dumps({k: v for k, v in row.items() if k not in ("top1", "cpu_fp32_top1", "timm_fp32_top1")}), flush=True)
+    (args.out / f"gpu_check_{args.precision}.json").write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
