@@ -98,3 +98,17 @@ def test_torch_lowering_serves_any_batch_size():
 def test_unknown_precision_is_rejected_with_the_choices():
     with pytest.raises(ValueError, match="fp32, fp16, bf16"):
         PrecisionPolicy("int8")
+
+
+def test_batch_norm_folding_removes_the_scale_and_keeps_the_function():
+    from trtmc.passes.fold_batch_norm import fold_batch_norm
+
+    graph = small_net()
+    folded = fold_batch_norm(graph)
+    assert [n.kind for n in folded.nodes].count(OpKind.SCALE) == 0
+    assert folded.node("stem.conv").attrs.bias is not None
+    x = torch.randn(2, 3, 16, 16)
+    policy = PrecisionPolicy("fp32")
+    before = GraphModule(assign_precision(graph, policy))(x)
+    after = GraphModule(assign_precision(folded, policy))(x)
+    assert torch.allclose(before, after, rtol=1e-5, atol=1e-5)

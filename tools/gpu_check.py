@@ -108,6 +108,7 @@ def main() -> None:
 
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path("/tmp/gpu_check")
+    work.mkdir(parents=True, exist_ok=True)
     results = {}
     for arch in args.archs:
         row: dict = {"arch": arch, "precision": args.precision}

@@ -18,6 +18,7 @@ from .bundle import engine_member, weights_to_bytes, write_bundle
 from .checkpoint import open_checkpoint
 from .families import find_family, build_graph
 from .graph import DType, PRECISION_DTYPES
+from .passes.fold_batch_norm import fold_batch_norm
 from .passes.precision import PrecisionPolicy, assign_precision
 from .preprocess import PreprocessSpec
 
@@ -114,7 +115,7 @@ def build_bundle(request: BuildRequest, progress: Callable[[str], None] = _defau
         io_dtype=PRECISION_DTYPES[request.io_dtype],
         overrides=tuple((pattern, DType.F32) for pattern in request.fp32_layers),
     )
-    typed = assign_precision(graph, policy)
+    typed = assign_precision(fold_batch_norm(graph), policy)
     progress(f"graph: {len(typed.nodes)} ops, precision {request.precision}")
 
     engines: list[BuiltEngine] = []

@@ -64,15 +64,18 @@ class PreprocessSpec:
             f"non-square input {self.input_size} with crop_mode 'center' is not supported; use crop_mode 'squash'"
         )
 
-    def _finish(self, chw: torch.Tensor) -> torch.Tensor:
-        chw = TF.center_crop(chw, list(self.input_size))
-        return TF.normalize(chw, list(self.mean), list(self.std))
+    def _normalize(self, hwc: np.ndarray) -> torch.Tensor:
+        """Float32 HWC in [0, 1] -> (x - mean) / std as CHW, in numpy: small tensors are slow in torch."""
+        mean = np.asarray(self.mean, dtype=np.float32)
+        std = np.asarray(self.std, dtype=np.float32)
+        return torch.from_numpy(np.ascontiguousarray(((hwc - mean) / std).transpose(2, 0, 1)))
 
     def from_pil(self, image) -> torch.Tensor:
         """A PIL image (any mode) -> normalized float32 CHW, exactly as timm's eval transform."""
         image = image.convert("RGB")
         image = TF.resize(image, self._resize_size(), interpolation=_INTERPOLATION[self.interpolation])
-        return self._finish(TF.to_tensor(image))
+        image = TF.center_crop(image, list(self.input_size))
+        return self._normalize(np.asarray(image, dtype=np.float32) / np.float32(255.0))
 
     def from_array(self, hwc: np.ndarray) -> torch.Tensor:
         """A float32 HWC RGB array in [0, 1] -> normalized float32 CHW."""
@@ -80,4 +83,5 @@ class PreprocessSpec:
         chw = TF.resize(
             chw, self._resize_size(), interpolation=_INTERPOLATION[self.interpolation], antialias=True
         ).clamp_(0.0, 1.0)
-        return self._finish(chw)
+        chw = TF.center_crop(chw, list(self.input_size))
+        return self._normalize(chw.permute(1, 2, 0).numpy())

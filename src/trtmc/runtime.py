@@ -86,9 +86,10 @@ class Runtime:
         module = backend_module(self.choice.backend)
         self.engine = module.load(bundle.engine_files(self.choice.key), self.choice.record, self.graph, self.choice.device)
         self.device = self.choice.device
-        sizes = list(self.choice.record.get("batch_sizes", [1]))
-        self.dynamic_batch = bool(getattr(self.engine, "dynamic_batch", self.choice.device == "cpu"))
-        self.batch_sizes = sorted(sizes)
+        # Engines serve either any batch up to `max_batch` (dynamic) or a fixed set of batch sizes.
+        self.dynamic_batch = bool(getattr(self.engine, "dynamic_batch", False))
+        self.batch_sizes = sorted(getattr(self.engine, "batch_sizes", None) or self.choice.record.get("batch_sizes", [1]))
+        self.max_batch = int(getattr(self.engine, "max_batch", max(self.batch_sizes)))
 
     @classmethod
     def open(cls, path: str | Path, engine: str | None = None) -> "Runtime":
@@ -113,10 +114,9 @@ class Runtime:
         from .backends.torch_lowering import TORCH_DTYPES
 
         dtype = TORCH_DTYPES[self.graph.inputs[0].type.dtype]
-        limit = max(self.batch_sizes)
         outputs = []
-        for start in range(0, pixels.shape[0], limit):
-            chunk = pixels[start : start + limit].to(self.device, dtype)
+        for start in range(0, pixels.shape[0], self.max_batch):
+            chunk = pixels[start : start + self.max_batch].to(self.device, dtype)
             outputs.append(self._run_chunk(chunk).float().cpu())
         return torch.cat(outputs).numpy()
 

@@ -139,14 +139,16 @@ def unavailable_reason(record: dict[str, Any], device: str) -> str | None:
 
 def load(files: dict[str, bytes], record: dict[str, Any], graph: Graph, device: str):
     if device == "cpu":
-        return _CpuEngine(files[CPU_PACKAGE])
+        return _CpuEngine(files[CPU_PACKAGE], max(record.get("batch_sizes", [1])))
     return _CudaEngine(graph, files[CUDA_CACHE], record.get("batch_sizes", [1]))
 
 
 class _CpuEngine:
     device = "cpu"
+    dynamic_batch = True
 
-    def __init__(self, package: bytes) -> None:
+    def __init__(self, package: bytes, max_batch: int) -> None:
+        self.max_batch = max_batch
         # aoti_load_package needs a path; the package is read fully at load, so the file can go.
         fd, path = tempfile.mkstemp(suffix=".pt2")
         try:
@@ -165,6 +167,7 @@ class _CudaEngine:
     """torch.compile with the bundle's Inductor caches, replayed in one CUDA graph per batch size."""
 
     device = "cuda"
+    dynamic_batch = False
 
     def __init__(self, graph: Graph, cache: bytes, batch_sizes: list[int]) -> None:
         from .torch_lowering import TORCH_DTYPES

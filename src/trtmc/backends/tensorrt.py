@@ -449,7 +449,7 @@ def _runs_on(capability: tuple[int, int], targets: list[str]) -> bool:
     return any(t == f"{major}.{minor}" or t == f"{major}.x" for t in targets)
 
 
-def unavailable_reason(record: dict) -> str | None:
+def unavailable_reason(record: dict, device: str = "cuda") -> str | None:
     """None when this machine can run a plan built with `record`, else one line saying why not."""
     builder, version = record.get("builder"), str(record.get("builder_version", "?"))
     if builder not in BUILDERS:
@@ -498,6 +498,7 @@ class _Slot:
 
 
 class TensorRTEngine:
+    dynamic_batch = True  # the optimization profile serves every batch 1..max_batch
     """A deserialized plan; `engine(pixels)` takes a CUDA (N, C, H, W) tensor and gives float32 logits."""
 
     device = "cuda"
@@ -607,7 +608,7 @@ class TensorRTEngine:
         return chunks[0] if len(chunks) == 1 else self._torch.cat(chunks)
 
 
-def load(files: dict[str, bytes], record: dict) -> TensorRTEngine:
+def load(files: dict[str, bytes], record: dict, graph=None, device: str = "cuda") -> TensorRTEngine:
     if PLAN_FILE not in files:
         raise TensorRTLoadError(f"the TensorRT engine has no {PLAN_FILE}; its members are {sorted(files)}")
     return TensorRTEngine(files[PLAN_FILE], record)

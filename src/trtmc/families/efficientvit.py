@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..checkpoint import Checkpoint, CheckpointError
-from ..graph import Activation, Binary, Graph, Reduction
+from ..graph import Activation, Binary, Graph
 from ..graph_builder import GraphBuilder, Tensor
 from . import Family
 from ._parts import act, batch_norm, block_indices, classifier_head, conv, expect_shape, expect_tensors, image_input
@@ -178,8 +178,8 @@ def _lite_mla(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, block: AttentionBloc
     """ReLU linear attention, computed transposed: timm's (tokens, head_dim) operands as (head_dim, tokens).
 
     timm pads v with a column of ones so that one product yields both q (k^T v) and its normalizer
-    q (k^T 1). Here the normalizer is q against the token sum of k: the same value without a ones
-    tensor, which a graph could only make batch-sized through a concat of a constant.
+    q (k^T 1). A concat does not broadcast a constant over the batch, so here the two come from
+    separate products: q (k^T v) and q (k^T 1), the latter against a ones column.
     """
     main, d = f"{block.prefix}.main", block.head_dim
     _, _, height, width = x.shape
@@ -198,7 +198,10 @@ def _lite_mla(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, block: AttentionBloc
     # token sums of ReLU products overflow fp16, and the ratio of two such sums is meaningless then.
     vk = g.matmul(v, k, f"{main}.attn.vk", transpose_b=True, sensitive=True)  # (k^T v)^T: [1, groups, d, d]
     num = g.matmul(vk, q, f"{main}.attn.num", sensitive=True)  # [1, groups, d, tokens]
-    k_sum = g.reduce(k, f"{main}.attn.k_sum", Reduction.SUM, (3,), keepdim=True)  # [1, groups, d, 1]
+    # k^T 1 as a product with a ones column (a matmul broadcasts a constant over the batch and can be
+    # marked sensitive; a reduce can be neither): [1, groups, d, 1], then laid out as a row.
+    ones = g.constant(f"{main}.attn.ones", np.ones((1, 1, height * width, 1), np.float32))
+    k_sum = g.matmul(k, ones, f"{main}.attn.k_sum", sensitive=True)
     k_sum = g.reshape(k_sum, (groups, 1, d), f"{main}.attn.k_sum")
     den = g.matmul(k_sum, q, f"{main}.attn.den", sensitive=True)  # [1, groups, 1, tokens]
     eps = g.constant(f"{main}.attn.eps", np.full((1, 1, 1, 1), arch.attn_eps, np.float32))

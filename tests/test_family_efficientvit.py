@@ -1,0 +1,114 @@
+"""EfficientViT-B: parity with timm, the attention's fp32 island in fp16 builds, refusals before weights load."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from support import (
+    TIE_MARGIN,
+    check_parity,
+    forbid_weight_reads,
+    load_timm,
+    photos_for,
+    random_pixels,
+    relative_error,
+    rewritten_checkpoint,
+    trtmc_module,
+)
+from trtmc.backends.torch_lowering import GraphModule
+from trtmc.checkpoint import Checkpoint, CheckpointError
+from trtmc.families import build_graph
+from trtmc.families.efficientvit import FAMILY, AttentionBlock, derive_layout
+from trtmc.graph import DType, OpKind
+from trtmc.passes.precision import PrecisionPolicy, assign_precision
+
+SMALLEST = "efficientvit_b0"
+
+
+def test_b0_matches_timm_in_fp32_and_agrees_in_fp16_and_bf16(timm_checkpoint, record_property):
+    report = check_parity(timm_checkpoint(SMALLEST))
+    record_property("parity", report)
+    assert report["fp32_rel_err"] <= 1e-4, report
+    for precision in ("fp16", "bf16"):
+        result = report[precision]
+        assert result["finite"] and result["kl"] < 1e-3, (precision, result)
+        # Random weights leave near-ties among the logits; only those may flip.
+        assert all(m < TIE_MARGIN[precision] for m in result["flip_margins"]), (precision, result)
+
+
+@pytest.mark.parametrize("arch", ["efficientvit_b1", "efficientvit_b2"])
+def test_variant_matches_timm_in_fp32(timm_checkpoint, arch, record_property):
+    folder = timm_checkpoint(arch)
+    x = random_pixels(folder, batch=1)
+    with torch.no_grad():
+        error = relative_error(trtmc_module(folder)(x), load_timm(folder)(x))
+    record_property("fp32_rel_err", error)
+    assert error <= 1e-4
+
+
+def test_layout_reads_attention_heads_from_the_aggregation_convs(timm_checkpoint, monkeypatch):
+    forbid_weight_reads(monkeypatch)
+    layout = derive_layout(Checkpoint(timm_checkpoint("efficientvit_b1")), FAMILY.architectures["efficientvit_b1"])
+    attention = [b for b in layout.blocks if isinstance(b, AttentionBlock)]
+    # b1: 3 + 4 LiteMLA blocks with 16-wide heads and one 5x5 aggregation branch.
+    assert len(attention) == 7 and {(b.head_dim, b.scales) for b in attention} == {(16, 1)}
+    strided = [b.prefix for b in layout.blocks if not b.residual]
+    assert strided == [f"stages.{i}.blocks.0" for i in range(4)]
+
+
+def _scale_q_and_k(state, factor):
+    """Multiply the q and k rows of every LiteMLA qkv projection by `factor` (v rows stay)."""
+    for name, weight in list(state.items()):
+        if name.endswith("context_module.main.qkv.conv.weight"):
+            head_dim = state[name.replace("qkv.conv.weight", "aggreg.0.1.weight")].shape[1]
+            rows = torch.ones(weight.shape[0])
+            rows[torch.arange(weight.shape[0]) % (3 * head_dim) < 2 * head_dim] = factor
+            state[name] = weight * rows[:, None, None, None]
+
+
+def test_fp16_build_keeps_attention_sums_finite_where_an_all_fp16_build_overflows(timm_checkpoint, tmp_path, record_property):
+    # With q and k ten times larger (mean |q| about 5), the normalizer sum_d q_d * sum_tokens k_d over
+    # 196 tokens passes fp16's 65504: an all-fp16 attention returns inf / inf. The default fp16 build
+    # keeps the products, the token sum and the division in fp32, as timm does with autocast off.
+    folder = rewritten_checkpoint(timm_checkpoint(SMALLEST), tmp_path / "loud", lambda s: _scale_q_and_k(s, 10.0))
+    photos = photos_for(folder)[:4]
+    _, graph = build_graph(Checkpoint(folder), "fp16")
+    all_fp16 = PrecisionPolicy("fp16", overrides=(("*.attn.*", DType.F16),))
+    with torch.no_grad():
+        expected = load_timm(folder)(photos)
+        default = GraphModule(assign_precision(graph, PrecisionPolicy("fp16")))(photos).float()
+        forced = GraphModule(assign_precision(graph, all_fp16))(photos).float()
+    record_property("default_fp16_rel_err", relative_error(default, expected))
+    assert torch.isfinite(expected).all()
+    assert torch.isfinite(default).all()
+    assert torch.equal(default.argmax(-1), expected.argmax(-1))
+    assert not torch.isfinite(forced).all()  # the test bites: without the fp32 island the logits break
+
+
+def test_fp16_marks_the_attention_division_and_its_operands_fp32(timm_checkpoint):
+    _, graph = build_graph(Checkpoint(timm_checkpoint(SMALLEST)), "fp16")
+    typed = {n.name: n for n in assign_precision(graph, PrecisionPolicy("fp16")).nodes}
+    main = "stages.2.blocks.1.context_module.main"
+    for leaf in ("vk", "num", "k_sum", "den", "den_eps", "div"):
+        node = typed[f"{main}.attn.{leaf}"]
+        assert node.sensitive and node.type.dtype is DType.F32, leaf
+    assert typed[f"{main}.qkv.conv"].type.dtype is DType.F16
+
+
+def test_bf16_graph_has_no_fp32_or_fp16_convolution_or_matmul(timm_checkpoint):
+    _, graph = build_graph(Checkpoint(timm_checkpoint(SMALLEST)), "bf16")
+    typed = assign_precision(graph, PrecisionPolicy("bf16"))
+    math = [n for n in typed.nodes if n.kind in (OpKind.CONV2D, OpKind.MATMUL, OpKind.LINEAR)]
+    assert math and all(n.type.dtype is DType.BF16 for n in math)
+
+
+def test_inconsistent_head_width_is_refused_before_weights_load(timm_checkpoint, tmp_path, monkeypatch):
+    def regroup(state):
+        name = "stages.3.blocks.1.context_module.main.aggreg.0.1.weight"
+        state[name] = state[name][:, :12]  # 12-wide groups cannot split the 384 qkv channels into heads
+
+    folder = rewritten_checkpoint(timm_checkpoint(SMALLEST), tmp_path / "bad", regroup)
+    forbid_weight_reads(monkeypatch)
+    with pytest.raises(CheckpointError, match=r"stages\.3\.blocks\.1\.context_module\.main\.qkv\.conv\.weight.*heads of 12"):
+        build_graph(Checkpoint(folder))
