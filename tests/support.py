@@ -209,12 +209,14 @@ def save_photo_calibrated_checkpoint(folder: Path, dest: Path) -> Path:
     with torch.no_grad():
         model(photos)
         model.eval()
-        features = model.forward_head(model.forward_features(photos), pre_logits=True).flatten(1).double()
+        pooled = model.forward_features(photos)
+        features = model.forward_head(pooled, pre_logits=True).flatten(1).double()
+        random_logits = model.forward_head(pooled).double()
         mean = features.mean(0)
         centred = features - mean
         rows = centred / centred.norm(dim=1, keepdim=True)
-        # Scale the imprinted logits well above the random rows' so the photo's own class wins.
-        scale = 4.0 * model(photos).abs().max() / (rows * centred).sum(1).min()
+        # Each photo's own class scores 4x the largest random logit, so it wins clearly.
+        scale = 4.0 * random_logits.abs().max() / (rows * centred).sum(1).min()
         classifier = model.get_classifier()
         weight = classifier.weight.view(classifier.weight.shape[0], -1)
         weight[: len(rows)] = (rows * scale).float()
@@ -224,3 +226,26 @@ def save_photo_calibrated_checkpoint(folder: Path, dest: Path) -> Path:
     save_file(state, str(dest / "model.safetensors"))
     (dest / "config.json").write_text((folder / "config.json").read_text())
     return dest
+
+
+def rewritten_checkpoint(source: Path, dest: Path, edit) -> Path:
+    """A copy of checkpoint `source` in `dest` whose state dict went through `edit(state)` (in place),
+    for tests that feed a family a malformed or foreign checkpoint."""
+    from safetensors.torch import load_file, save_file
+
+    dest.mkdir(parents=True)
+    (dest / "config.json").write_text((source / "config.json").read_text())
+    state = load_file(str(source / "model.safetensors"))
+    edit(state)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(dest / "model.safetensors"))
+    return dest
+
+
+def forbid_weight_reads(monkeypatch) -> None:
+    """Make any `Checkpoint.tensor` call fail: a refusal must come from names and shapes alone."""
+    from trtmc.checkpoint import Checkpoint
+
+    def read(self, name):
+        raise AssertionError(f"weights were read ({name}) before the layout was checked")
+
+    monkeypatch.setattr(Checkpoint, "tensor", read)

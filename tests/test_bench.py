@@ -26,6 +26,16 @@ REPO = Path(__file__).resolve().parents[1]
 PHOTO = REPO / "examples" / "images" / "chelsea.png"
 SMALL = {"pretrained_cfg_overlay": {"input_size": (3, 64, 64)}}  # a 64x64 regnetx_002: milliseconds per call
 PROTOCOL = TimingProtocol()  # 3 warm-ups, 10 measurements, 5%
+QUICK = TimingProtocol(warmups=1, iters=3)  # where the test is not about the protocol's counts
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """The CPU numbers here are not measurements; one thread keeps a shared 2-core machine responsive."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 # ---- helpers ----
@@ -80,15 +90,20 @@ def uncompiled(monkeypatch):
     def build(graph, spec, progress):
         return BuiltEngine(spec, {"uncompiled.txt": b"no compile in the tests"}, {"batch_sizes": [1, spec.max_batch]})
 
-    def load(files, record, graph, device):
-        module = GraphModule(graph).eval()
+    class Engine:  # like the CPU engine: any batch up to the build's max batch
+        dynamic_batch = True
 
-        def engine(pixels):
+        def __init__(self, graph, max_batch):
+            self.module = GraphModule(graph).eval()
+            self.max_batch = max_batch
+
+        def __call__(self, pixels):
             Fake.calls += 1
             with torch.no_grad():
-                return Fake.wrap(module(pixels).float())
+                return Fake.wrap(self.module(pixels).float())
 
-        return engine
+    def load(files, record, graph, device):
+        return Engine(graph, max(record["batch_sizes"]))
 
     monkeypatch.setattr(inductor, "build", build)
     monkeypatch.setattr(inductor, "load", load)
@@ -102,7 +117,7 @@ def no_compile(monkeypatch):
 
 
 def tiny_entry(folder, **changes):
-    fields = dict(name="tiny", model=str(folder), precision="fp32", batch_sizes=(1, 2), photo=PHOTO)
+    fields = dict(name="tiny", model=str(folder), precision="fp32", batch_sizes=(1, 2), photo=PHOTO, protocol=QUICK)
     return Entry(**{**fields, **changes})
 
 
@@ -173,7 +188,7 @@ def test_spread_is_the_largest_distance_from_the_median_as_a_fraction_of_it():
 
 def test_entry_times_both_scopes_and_every_baseline_with_the_protocol(tiny, tmp_path, uncompiled, no_compile):
     opts = options(tmp_path, baselines=("eager-fp32", "eager-cl", "reduce-overhead"))
-    result = run_entry(tiny_entry(tiny), opts, timer_for=FAST)
+    result = run_entry(tiny_entry(tiny, protocol=PROTOCOL), opts, timer_for=FAST)
     assert result.status == "passed", result.message
     assert result.architecture == "regnetx_002" and result.engine_key == "inductor-cpu-fp32"
     assert result.build_seconds > 0 and result.bundle_bytes > 0
@@ -205,7 +220,7 @@ def test_engine_with_shuffled_logits_fails_the_entry_whatever_its_speed(tiny, tm
     assert len(result.oracle_failures) == 4  # both scopes, both batch sizes
     assert result.ratio("eager-fp32", 1) is None  # no speed-up is reported for a wrong answer
     markdown = report.to_markdown(run_bench_result([result], tmp_path))
-    assert "**WRONG**" in markdown and "10.000 ms" in markdown and "10000.00×" not in markdown
+    assert "**WRONG**" in markdown and "10.00 ms" in markdown and "10000.00×" not in markdown
 
 
 def test_non_finite_logits_fail_the_entry(tiny, tmp_path, uncompiled):
@@ -224,7 +239,7 @@ def test_unstable_trtmc_row_is_rerun_then_shown_unstable_not_as_a_result(tiny, t
     bench = run_bench_result([result], tmp_path)
     assert "unstable (±" in report.to_markdown(bench)
     row_json = next(r for r in report.to_json(bench)["entries"][0]["rows"] if r["scope"] == "engine" and r["batch"] == 2)
-    assert row_json["status"] == "unstable" and row_json["median_ms"] is None and len(row_json["timing"]["discarded_ms"]) == 10
+    assert row_json["status"] == "unstable" and row_json["median_ms"] is None and len(row_json["timing"]["discarded_ms"]) == 3
     assert report.to_json(bench)["summary"]["unstable_rows"] == 1
 
 
@@ -411,3 +426,15 @@ def test_default_entry_name_is_the_models_short_name():
     assert default_name("./ckpts/tf_efficientnet_lite0.in1k/") == "tf_efficientnet_lite0"
     assert default_name("resnet50") == "resnet50"
     assert parse_config({"entries": [{"model": "resnet50", "weights": "random"}]}).entries[0].weights == "random"
+
+
+def test_random_weights_flag_spares_local_checkpoints_and_list_shows_it():
+    code, out, err = run_cli("bench", "--config", REPO / "benchmarks" / "performance.yaml", "--list", "--random-weights")
+    assert code == 0, err
+    lines = {line.split()[0]: line.split() for line in out.splitlines()}
+    assert lines["resnet50"][4] == "random" and lines["tf_efficientnet_lite0"][4] == "checkpoint"
+
+
+def test_cli_refuses_an_architecture_name_without_random_weights_before_running():
+    code, _, err = run_cli("bench", "--model", "ghostnet_100", "--device", "cpu")
+    assert code == 1 and "pass --random-weights" in err

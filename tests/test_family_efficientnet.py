@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from calibration import calibrated
-from support import LITE0, REFERENCE, check_parity, load_timm, photos_for, random_pixels, relative_error, trtmc_module
+from parity_extras import calibrated, low_precision_report
+from support import LITE0, REFERENCE, load_timm, photos_for, random_pixels, relative_error, trtmc_module
 from trtmc.checkpoint import Checkpoint, CheckpointError
 from trtmc.families import build_graph
 from trtmc.families.efficientnet import ARCHITECTURES, FAMILY, TF_EPS, TIMM_EPS, BlockKind, decode_stages, derive_layout
@@ -22,7 +22,7 @@ SMALLEST = "mobilenetv2_100"
 
 @pytest.fixture(scope="module")
 def checkpoint(timm_checkpoint):
-    """Random weights with batch-norm statistics fitted to the activations (see calibration.py)."""
+    """Random weights with batch-norm statistics fitted to the activations (see parity_extras.py)."""
     return lambda arch: calibrated(timm_checkpoint(arch))
 
 
@@ -37,14 +37,23 @@ def test_fp32_logits_match_timm(arch, checkpoint, record_property):
 
 
 def test_smallest_model_keeps_top1_in_fp16_and_bf16(checkpoint, record_property):
-    report = check_parity(checkpoint(SMALLEST))
+    folder = checkpoint(SMALLEST)
+    photos = photos_for(folder)
+    with torch.no_grad():
+        expected = load_timm(folder)(photos)
+        report = {p: low_precision_report(trtmc_module(folder, p)(photos).float(), expected) for p in ("fp16", "bf16")}
     record_property("parity", report)
-    assert report["fp32_rel_err"] <= 1e-4, report
-    for precision in ("fp16", "bf16"):
-        got = report[precision]
-        assert got["finite"], report
-        # Random weights leave near-tied logits on some photos (see the report in the message).
-        assert got["top1_agree"] >= 21 / 22 and got["kl"] < 1e-3, f"{precision}: {report}"
+    for precision, got in report.items():
+        # Random weights leave a near-tie on one photo (imagenet_17: top-2 margin 0.0014 against an
+        # fp16 error of 0.02), so a flip is accepted only where timm's own margin is that thin.
+        assert got["agree"] >= 21 and all(m < 0.01 for m in got["flipped_margins"]), f"{precision}: {report}"
+        assert got["kl"] < 1e-3, f"{precision}: {report}"
+
+
+@pytest.fixture(scope="module")
+def lite0_timm_logits():
+    with torch.no_grad():
+        return load_timm(LITE0)(photos_for(LITE0))
 
 
 def test_real_lite0_weights_give_timms_top5_on_every_photo(record_property):
@@ -67,15 +76,11 @@ def test_real_lite0_weights_give_timms_top5_on_every_photo(record_property):
 
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
-def test_real_lite0_weights_keep_top1_in_low_precision(precision, record_property):
-    reference = json.loads(REFERENCE.read_text())["images"]
+def test_real_lite0_weights_keep_top1_in_low_precision(precision, lite0_timm_logits, record_property):
     with torch.no_grad():
-        logits = trtmc_module(LITE0, precision)(photos_for(LITE0)).float()
-    got = logits.argmax(-1).tolist()
-    want = [reference[name]["top5"][0] for name in sorted(reference)]
-    agree = sum(g == w for g, w in zip(got, want))
-    record_property("top1_agree", f"{agree}/22")
-    assert agree == 22, f"{precision}: top-1 agrees with timm on {agree}/22 photos: {got} vs {want}"
+        got = low_precision_report(trtmc_module(LITE0, precision)(photos_for(LITE0)).float(), lite0_timm_logits)
+    record_property("parity", got)
+    assert got["agree"] == 22 and got["kl"] < 1e-3, f"{precision}: {got}"
 
 
 def test_bf16_graph_runs_every_convolution_and_linear_in_bf16(checkpoint):

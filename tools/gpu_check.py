@@ -90,12 +90,31 @@ def cpu_reference(folder: Path, images: list[Path], bundle: Path) -> dict:
             "cpu_fp32_logits": ours.tolist()}
 
 
+def _run(cmd: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
+def build_and_check(arch: str, folder: Path, images: Path, precision: str, work: Path) -> dict:
+    """Build in a subprocess, then classify in a fresh one; runs concurrently for several archs."""
+    row: dict = {"arch": arch, "precision": precision}
+    bundle = work / f"{arch}-{precision}.bundle"
+    t = time.perf_counter()
+    build = _run([sys.executable, "-m", "trtmc", "build", str(folder), "-o", str(bundle), "--device", "cuda",
+                  "--precision", precision, "-q"])
+    row["build_s"] = round(time.perf_counter() - t, 1)
+    if build.returncode:
+        row["error"] = build.stderr[-2000:]
+    row["bundle"] = str(bundle)
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("archs", nargs="+")
     parser.add_argument("--images", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--precision", default="fp16")
+    parser.add_argument("--jobs", type=int, default=4, help="concurrent builds (Inductor compiles on the CPU)")
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     images = sorted(p for p in args.images.iterdir() if p.suffix in (".jpg", ".png"))
@@ -103,48 +122,41 @@ def main() -> None:
         print(json.dumps(classify_in_fresh_process(args.child, images)))
         return
 
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+
     sys.path.insert(0, str(REPO / "tests"))
     from support import save_timm_checkpoint
 
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path("/tmp/gpu_check")
     work.mkdir(parents=True, exist_ok=True)
+    folders = {a: LITE0 if a == "tf_efficientnet_lite0" else save_timm_checkpoint(a, work / a) for a in args.archs}
+    # Phase 1: builds in parallel (cold Inductor compiles are CPU-bound).
+    with ThreadPoolExecutor(args.jobs) as pool:
+        rows = list(pool.map(lambda a: build_and_check(a, folders[a], args.images, args.precision, work), args.archs))
+    # Phase 2: one fresh process per bundle, one at a time, so load and latency are not contended.
     results = {}
-    for arch in args.archs:
-        row: dict = {"arch": arch, "precision": args.precision}
-        try:
-            folder = LITE0 if arch == "tf_efficientnet_lite0" else save_timm_checkpoint(arch, work / arch)
-            bundle = work / f"{arch}-{args.precision}.bundle"
-            t = time.perf_counter()
-            build = subprocess.run(
-                [sys.executable, "-m", "trtmc", "build", str(folder), "-o", str(bundle), "--device", "cuda",
-                 "--precision", args.precision, "-q"], capture_output=True, text=True)
-            row["build_s"] = round(time.perf_counter() - t, 1)
-            if build.returncode:
-                row["error"] = build.stderr[-2000:]
-                results[arch] = row
-                continue
-            child = subprocess.run([sys.executable, __file__, arch, "--images", str(args.images), "--out", str(args.out),
-                                    "--child", str(bundle)], capture_output=True, text=True)
+    for row in rows:
+        arch = row["arch"]
+        if "error" not in row:
+            child = _run([sys.executable, __file__, arch, "--images", str(args.images), "--out", str(args.out),
+                          "--child", row["bundle"]])
             if child.returncode:
                 row["error"] = child.stderr[-3000:]
-                results[arch] = row
-                continue
-            gpu = json.loads(child.stdout.strip().splitlines()[-1])
-            ref = cpu_reference(folder, images, bundle)
-            import numpy as np
-
-            g, c = np.array(gpu.pop("logits")), np.array(ref.pop("cpu_fp32_logits"))
-            row.update(gpu)
-            row.update(ref)
-            row["top1_matches_cpu"] = sum(a == b for a, b in zip(gpu["top1"], ref["cpu_fp32_top1"]))
-            row["top1_matches_timm"] = sum(a == b for a, b in zip(gpu["top1"], ref["timm_fp32_top1"]))
-            row["max_abs_logit_diff_vs_cpu"] = float(np.abs(g - c).max())
-            row["photos"] = len(images)
-        except Exception as exc:  # keep going: one report for every architecture
-            row["error"] = f"{type(exc).__name__}: {exc}"
+            else:
+                gpu = json.loads(child.stdout.strip().splitlines()[-1])
+                ref = cpu_reference(folders[arch], images, Path(row["bundle"]))
+                g, c = np.array(gpu.pop("logits")), np.array(ref.pop("cpu_fp32_logits"))
+                row.update(gpu)
+                row.update(ref)
+                row["top1_matches_cpu"] = sum(a == b for a, b in zip(gpu["top1"], ref["cpu_fp32_top1"]))
+                row["top1_matches_timm"] = sum(a == b for a, b in zip(gpu["top1"], ref["timm_fp32_top1"]))
+                row["max_abs_logit_diff_vs_cpu"] = float(np.abs(g - c).max())
+                row["photos"] = len(images)
         results[arch] = row
-        print(json.dumps({k: v for k, v in row.items() if k not in ("top1", "cpu_fp32_top1", "timm_fp32_top1")}), flush=True)
+        print(json.dumps({k: v for k, v in row.items() if k not in ("top1", "cpu_fp32_top1", "timm_fp32_top1", "bundle")}), flush=True)
     (args.out / f"gpu_check_{args.precision}.json").write_text(json.dumps(results, indent=1))
 
 

@@ -45,6 +45,7 @@ class BuildRequest:
     workspace: int | None = None
     timing_cache: Path | None = None
     fp32_layers: tuple[str, ...] = field(default=())  # node-name globs kept in fp32
+    add_engines_from: Path | None = None  # a bundle of the same checkpoint whose engines join this one
 
     def validate(self) -> None:
         if self.precision not in PRECISION_DTYPES:
@@ -71,6 +72,8 @@ class BuildRequest:
             raise BuildError(f"-o {output}: is a folder; give a file name such as model.bundle")
         if not output.parent.is_dir():
             raise BuildError(f"-o {output}: folder {output.parent} does not exist")
+        if self.add_engines_from is not None and not Path(self.add_engines_from).is_file():
+            raise BuildError(f"--add-engines-from {self.add_engines_from}: no such bundle")
         if self.device == "cuda" and "inductor" in self.backends:
             import torch
 
@@ -93,6 +96,27 @@ class BuildRequest:
                 )
             )
         return specs
+
+
+def _borrow_engines(path: Path, members: dict[str, bytes], entries: list[dict], sha256: str) -> list[dict]:
+    """Engines of another bundle built from the same checkpoint into the same graph (e.g. a TensorRT
+    plan built on another machine), added to `members`; engines this build made take precedence."""
+    from .bundle import read_bundle
+
+    other = read_bundle(path)
+    if other.manifest["source"]["sha256"] != sha256:
+        raise BuildError(f"--add-engines-from {path}: built from a different checkpoint (weights sha256 differs)")
+    if other.members["graph.json"] != members["graph.json"]:
+        raise BuildError(
+            f"--add-engines-from {path}: its graph differs from this build's (precision {other.manifest['precision']}, "
+            f"io {other.manifest['io_dtype']}); build both with the same --precision, --io-dtype and --fp32-layers"
+        )
+    have = {e["key"] for e in entries}
+    borrowed = [e for e in other.engines if e["key"] not in have]
+    for entry in borrowed:
+        for filename, data in other.engine_files(entry["key"]).items():
+            members[engine_member(entry["key"], filename)] = data
+    return borrowed
 
 
 def _default_progress(message: str) -> None:
@@ -149,6 +173,8 @@ def build_bundle(request: BuildRequest, progress: Callable[[str], None] = _defau
                 "record": engine.record,
             }
         )
+    if request.add_engines_from is not None:
+        entries += _borrow_engines(Path(request.add_engines_from), members, entries, source.sha256)
     manifest = {
         "family": family.name,
         "architecture": config.architecture,

@@ -81,6 +81,9 @@ def write_bundle(path: Path, manifest: dict[str, Any], members: dict[str, bytes]
                     archive.writestr(name, data)
             f.flush()
             os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a bundle is an ordinary file
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

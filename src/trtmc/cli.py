@@ -72,6 +72,9 @@ def _add_build(sub) -> None:
     p.add_argument("--timing-cache", type=Path, help="TensorRT timing cache file, shared across builds")
     p.add_argument("--fp32-layers", action="append", default=[], metavar="GLOB",
                    help="keep ops whose name matches GLOB (e.g. 'blocks.6.*') in fp32; repeatable")
+    p.add_argument("--add-engines-from", type=Path, metavar="BUNDLE",
+                   help="also carry the engines of BUNDLE (same checkpoint and precision), e.g. a TensorRT plan "
+                        "built on another machine")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     p.set_defaults(run=_cmd_build)
 
@@ -92,6 +95,7 @@ def _cmd_build(args) -> int:
         workspace=args.workspace,
         timing_cache=args.timing_cache,
         fp32_layers=tuple(args.fp32_layers),
+        add_engines_from=args.add_engines_from,
     )
     path = build_bundle(request, Progress(args.quiet))
     print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)")

@@ -37,7 +37,8 @@ class EngineChoice:
 
 def choose_engine(bundle: Bundle, wanted: str | None = None) -> tuple[EngineChoice, list[str]]:
     """The first engine that can run here, and one line for each engine passed over."""
-    engines = bundle.engines
+    # TensorRT first: trtmc prefers a plan wherever one can run.
+    engines = sorted(bundle.engines, key=lambda e: BACKENDS.index(e["backend"]) if e["backend"] in BACKENDS else 99)
     if wanted is not None:
         matches = [e for e in engines if wanted in (e["key"], e["backend"])]
         if not matches:

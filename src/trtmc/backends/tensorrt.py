@@ -454,10 +454,6 @@ def unavailable_reason(record: dict, device: str = "cuda") -> str | None:
     builder, version = record.get("builder"), str(record.get("builder_version", "?"))
     if builder not in BUILDERS:
         return f"this TensorRT engine names an unknown builder {builder!r}; rebuild it"
-    try:
-        module = importlib.import_module(builder)
-    except Exception as exc:
-        return f"this plan needs the {builder} Python module (pip: {_PIP[builder]}), which does not import here: {exc}"
     gpu = _gpu()
     if gpu is None:
         return "TensorRT plans run only on a CUDA GPU and none is available here; use the inductor engine"
@@ -475,6 +471,10 @@ def unavailable_reason(record: dict, device: str = "cuda") -> str | None:
             f"this TensorRT plan was built for compute capability {built_for} and cannot run on {major}.{minor} "
             f"({name}); rebuild it on this GPU or use another engine"
         )
+    try:
+        module = importlib.import_module(builder)
+    except Exception as exc:
+        return f"this plan needs the {builder} Python module (pip: {_PIP[builder]}), which does not import here: {exc}"
     here = _version(module)
     if here != version:
         return (

@@ -18,7 +18,7 @@ from typing import Callable
 
 import torch
 
-from .spec import BASELINES, DEFAULT_BASELINES
+from .spec import BASELINES
 
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 COMPILE_MODES = {"reduce-overhead": "reduce-overhead", "max-autotune": "max-autotune"}

@@ -6,7 +6,17 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
-from .spec import BASELINES, DEFAULT_BASELINES, PRECISIONS, BenchConfig, Entry, SpecError, TimingProtocol, default_name, load_config
+from .spec import (
+    BASELINES,
+    DEFAULT_BASELINES,
+    PRECISIONS,
+    BenchConfig,
+    Entry,
+    SpecError,
+    TimingProtocol,
+    default_name,
+    load_config,
+)
 
 DEFAULT_CONFIG = Path("benchmarks") / "performance.yaml"
 
@@ -143,6 +153,11 @@ def entries_from_args(args) -> tuple[Entry, ...]:
         if args.random_weights and not Path(entry.model).expanduser().is_dir():
             entry = entry.with_random_weights()
         entry.validate(f"entry {entry.name}")
+        if entry.weights == "checkpoint" and "/" not in entry.model and not Path(entry.model).expanduser().exists():
+            raise SpecError(
+                f"entry {entry.name}: {entry.model!r} is a timm architecture name, not a checkpoint: pass "
+                f"--random-weights (or set `weights: random`), or give a Hugging Face id such as timm/{entry.model}"
+            )
         result.append(entry)
     return tuple(result)
 

@@ -32,6 +32,10 @@ HEADERS = {
 }
 
 
+# One colour per subject in every panel; trtmc's task scope is its engine colour, dashed.
+COLORS = {TRTMC: "C0", "eager-fp32": "C1", "eager-cl": "C2", "reduce-overhead": "C3", "max-autotune": "C4"}
+
+
 def _atomic_write(path: Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
@@ -100,7 +104,11 @@ def to_json(result: BenchResult) -> dict[str, Any]:
 
 
 def _ms(value: float) -> str:
-    return f"{value:.3f} ms" if value < 10 else f"{value:.1f} ms" if value < 1000 else f"{value / 1e3:.2f} s"
+    if value < 10:
+        return f"{value:.3f} ms"
+    if value < 100:
+        return f"{value:.2f} ms"
+    return f"{value:.1f} ms" if value < 10000 else f"{value / 1e3:.2f} s"
 
 
 def _cell(row: Row | None) -> str:
@@ -148,7 +156,7 @@ def to_markdown(result: BenchResult) -> str:
     protocols = {(e.entry.protocol.warmups, e.entry.protocol.iters, e.entry.protocol.margin) for e in result.entries}
     if len(protocols) == 1:
         warmups, iters, margin = protocols.pop()
-        protocol = f"{warmups} warm-ups then {iters} measurements per row, median reported; margin {margin:.0%}"
+        protocol = f"{warmups} warm-up calls then {iters} measured calls per row, median reported; margin {margin:.0%}"
     else:
         protocol = "per-entry protocols (see results.json); median reported"
     lines = [
@@ -192,7 +200,7 @@ def to_markdown(result: BenchResult) -> str:
         if e.status != "passed":
             notes.append(f"- **{e.entry.name}** ({e.status}): {e.message}")
         for r in e.rows:
-            if r.status == "error":
+            if r.status == "error" and not (e.status == "error" and r.subject == TRTMC):  # already in the message
                 notes.append(f"- {e.entry.name}: {r.label} {r.scope} batch {r.batch}: {r.error}")
     lines += ["", "## Builds", ""]
     lines += [
@@ -234,39 +242,52 @@ def to_markdown(result: BenchResult) -> str:
 
 
 def plot(result: BenchResult, path: Path) -> Path | None:
-    """Median latency against batch size, one panel per model; None (with a warning) without matplotlib."""
+    """Median latency against batch size, one panel per model; None (with a warning) without matplotlib.
+
+    Unstable medians are drawn as hollow markers: visible, but marked as not being results.
+    """
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
     except ImportError:
         log.warning("matplotlib is not installed, so %s is not drawn: pip install matplotlib", path.name)
         return None
-    panels = [e for e in result.entries if any(r.median_ms is not None for r in e.rows)]
-    if not panels:
-        return None
-    columns = min(3, len(panels))
-    rows = -(-len(panels) // columns)
+    panels = [e for e in result.entries if any(r.timing is not None for r in e.rows)]
+    columns = max(1, min(3, len(panels)))
+    rows = max(1, -(-len(panels) // columns))
     fig, axes = plt.subplots(rows, columns, figsize=(5.2 * columns, 3.8 * rows), squeeze=False)
     for ax, e in zip(axes.flat, panels):
-        series: dict[tuple[str, str], list[tuple[int, float]]] = {}
+        series: dict[tuple[str, str], list[Row]] = {}
         for r in e.rows:
-            if r.median_ms is not None:
-                series.setdefault((r.label, r.scope), []).append((r.batch, r.median_ms))
+            if r.timing is not None:
+                series.setdefault((r.label, r.scope), []).append(r)
         for (label, scope), points in series.items():
-            points.sort()
-            trtmc = label.startswith("trtmc")
+            points.sort(key=lambda r: r.batch)
+            trtmc = points[0].subject == TRTMC
+            color = COLORS.get(points[0].subject, "C7")
             ax.plot(
-                [b for b, _ in points],
-                [m for _, m in points],
+                [r.batch for r in points],
+                [r.timing.median_ms for r in points],
                 marker="o",
                 linestyle="--" if scope == TASK else "-",
                 linewidth=2.2 if trtmc else 1.2,
+                color=color,
                 label=f"{label} ({scope})" if trtmc else label,
             )
+            unstable = [r for r in points if r.status == "unstable"]
+            if unstable:
+                ax.plot([r.batch for r in unstable], [r.timing.median_ms for r in unstable], linestyle="none",
+                        marker="o", markersize=9, markerfacecolor="white", markeredgecolor=color)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+        values = [r.timing.median_ms for r in e.rows if r.timing is not None]
+        # Label minor ticks only within a decade: over wider ranges they pile up.
+        ax.yaxis.set_minor_formatter(FormatStrFormatter("%g") if max(values) < 10 * min(values) else NullFormatter())
         ax.set_xticks(list(e.entry.batch_sizes), [str(b) for b in e.entry.batch_sizes])
         title = f"{e.entry.name} {e.entry.precision}"
         if e.status != "passed":
@@ -278,7 +299,10 @@ def plot(result: BenchResult, path: Path) -> Path | None:
         ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
-    fig.suptitle(f"trtmc bench: {result.environment.get('device_name', result.environment['device'])}", fontsize=11)
+    if not panels:
+        axes.flat[0].text(0.5, 0.5, "no timings (see results.md)", ha="center", va="center")
+    device = result.environment.get("device_name", result.environment["device"])
+    fig.suptitle(f"trtmc bench: {device} (hollow markers: unstable, not results)", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -76,7 +76,8 @@ class Target:
     preprocess: PreprocessSpec  # turns the photo into the engine scope's pixels
     device: str
     input_dtype: torch.dtype = torch.float32
-    batch_sizes: tuple[int, ...] | None = None  # the engine's compiled sizes; None: any batch
+    batch_sizes: tuple[int, ...] | None = None  # the engine's compiled sizes; None: any batch up to max_batch
+    max_batch: int | None = None
     key: str = ""
     build_seconds: float | None = None
     load_seconds: float | None = None
@@ -94,6 +95,7 @@ class Target:
             device=runtime.device,
             input_dtype=TORCH_DTYPES[runtime.graph.inputs[0].type.dtype],
             batch_sizes=None if runtime.dynamic_batch else tuple(runtime.batch_sizes),
+            max_batch=getattr(runtime, "max_batch", None),
             key=runtime.choice.key,
             **facts,
         )
@@ -114,6 +116,7 @@ def build_target(entry: Entry, source: ModelSource, options: BenchOptions, progr
         max_batch=entry.max_batch,
     )
     progress(f"building ({entry.precision}, {options.device}, max batch {entry.max_batch})")
+    _forget_earlier_compiles()
     started = time.perf_counter()
     path = build_bundle(request, lambda message: progress(f"build: {message}"))
     build_seconds = time.perf_counter() - started
@@ -129,6 +132,23 @@ def build_target(entry: Entry, source: ModelSource, options: BenchOptions, progr
     return Target.from_runtime(
         runtime, build_seconds=build_seconds, load_seconds=load_seconds, bundle_bytes=path.stat().st_size
     )
+
+
+def _forget_earlier_compiles() -> None:
+    """Make this build see the process as a fresh `trtmc build` would.
+
+    The CUDA build stores `torch.compiler.save_cache_artifacts()`, which holds every artifact compiled
+    in the process so far: without this, the previous entries' engines and torch.compile baselines
+    would be packed into this bundle, inflating its size and load time.
+    """
+    import torch.compiler
+
+    torch.compiler.reset()
+    try:
+        from torch.compiler._cache import CacheArtifactManager
+    except ImportError:  # pragma: no cover - other torch versions
+        return
+    CacheArtifactManager.clear()
 
 
 Prepare = Callable[[Entry, ModelSource, BenchOptions, Progress], Target]
@@ -373,6 +393,8 @@ def _time_trtmc(entry, target: Target, pixels, photo: Path, timer_for: TimerFor,
         if target.batch_sizes is not None and batch not in target.batch_sizes:
             error = f"the engine is compiled for batch sizes {list(target.batch_sizes)}, not {batch}"
             row = Row(TRTMC, label, ENGINE, batch, error=error)
+        elif target.max_batch is not None and batch > target.max_batch:
+            row = Row(TRTMC, label, ENGINE, batch, error=f"the engine serves batches up to {target.max_batch}, not {batch}")
         else:
             x = pixels.expand(batch, -1, -1, -1).to(target.device, target.input_dtype).contiguous()
             row = time_subject(

@@ -26,7 +26,7 @@ from .spec import SpecError
 
 log = logging.getLogger(__name__)
 
-CALIBRATION_BATCH = 4
+CALIBRATION_BATCH = 8
 
 
 def require_timm():

@@ -7,6 +7,7 @@ attention's head count and its multi-scale kernels come from the shapes, conv bi
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -111,7 +112,7 @@ class _Reader:
     def attention(self, prefix: str, width: int) -> AttentionBlock:
         main = f"{prefix}.main"
         qkv, qkv_width = self.conv(f"{main}.qkv", width)
-        scales = len(block_indices(self.ckpt, rf"^{main}\.aggreg\.(\d+)\.0\.weight$"))
+        scales = len(block_indices(self.ckpt, rf"^{re.escape(main)}\.aggreg\.(\d+)\.0\.weight$"))
         if not scales:
             raise CheckpointError(f"{self.arch}: {main} has no aggreg.<k> convolutions to give its head width")
         # The grouped 1x1 of each aggregation branch has one group per (q, k, v) of a head, so the
@@ -143,8 +144,14 @@ def derive_layout(ckpt: Checkpoint, arch: EfficientViTConfig) -> Layout:
     indices = block_indices(ckpt, r"^stages\.(\d+)\.blocks\.(\d+)\.")
     if not indices:
         raise CheckpointError(f"{read.arch}: no stages.<i>.blocks.<j> tensors; not an EfficientViT checkpoint")
-    for stage in sorted({s for s, _ in indices}):
-        for j in [b for s, b in indices if s == stage]:
+    stages = sorted({s for s, _ in indices})
+    if stages != list(range(len(stages))):
+        raise CheckpointError(f"{read.arch}: stage indices {stages} in stages.<i>.blocks.<j> are not 0, 1, 2, ...")
+    for stage in stages:
+        block_ids = [b for s, b in indices if s == stage]
+        if block_ids != list(range(len(block_ids))):
+            raise CheckpointError(f"{read.arch}: block indices {block_ids} of stages.{stage} are not 0, 1, 2, ...")
+        for j in block_ids:
             prefix = f"stages.{stage}.blocks.{j}"
             if f"{prefix}.context_module.main.qkv.conv.weight" in read.names:
                 blocks.append(read.attention(f"{prefix}.context_module", width))
@@ -198,11 +205,10 @@ def _lite_mla(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, block: AttentionBloc
     # token sums of ReLU products overflow fp16, and the ratio of two such sums is meaningless then.
     vk = g.matmul(v, k, f"{main}.attn.vk", transpose_b=True, sensitive=True)  # (k^T v)^T: [1, groups, d, d]
     num = g.matmul(vk, q, f"{main}.attn.num", sensitive=True)  # [1, groups, d, tokens]
-    # k^T 1 as a product with a ones column (a matmul broadcasts a constant over the batch and can be
-    # marked sensitive; a reduce can be neither): [1, groups, d, 1], then laid out as a row.
-    ones = g.constant(f"{main}.attn.ones", np.ones((1, 1, height * width, 1), np.float32))
-    k_sum = g.matmul(k, ones, f"{main}.attn.k_sum", sensitive=True)
-    k_sum = g.reshape(k_sum, (groups, 1, d), f"{main}.attn.k_sum")
+    # The token sum of k as a product with a row of ones: unlike a reduce, a matmul can be marked
+    # sensitive, and its result comes out as the row the next product needs: [1, groups, 1, d].
+    ones = g.constant(f"{main}.attn.ones", np.ones((1, 1, 1, height * width), np.float32))
+    k_sum = g.matmul(ones, k, f"{main}.attn.k_sum", transpose_b=True, sensitive=True)
     den = g.matmul(k_sum, q, f"{main}.attn.den", sensitive=True)  # [1, groups, 1, tokens]
     eps = g.constant(f"{main}.attn.eps", np.full((1, 1, 1, 1), arch.attn_eps, np.float32))
     den = g.binary(den, eps, Binary.ADD, f"{main}.attn.den_eps", sensitive=True)

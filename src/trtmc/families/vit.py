@@ -69,9 +69,10 @@ def derive_layout(ckpt: Checkpoint, arch: ViTConfig) -> Layout:
             f"{name}: pos_embed {ckpt.shape('pos_embed')} has {positions} positions but a {height}x{width_px} input "
             f"makes {grid[0] * grid[1]} patches plus the class token; trtmc does not resample position embeddings"
         )
-    depth = len(block_indices(ckpt, _BLOCK))
-    if [i for (i,) in block_indices(ckpt, _BLOCK)] != list(range(depth)) or not depth:
-        raise CheckpointError(f"{name}: blocks.<i> indices are not 0, 1, 2, ...")
+    blocks = [i for (i,) in block_indices(ckpt, _BLOCK)]
+    depth = len(blocks)
+    if not blocks or blocks != list(range(depth)):
+        raise CheckpointError(f"{name}: blocks.<i> indices {blocks} are not 0, 1, 2, ...")
     hidden = expect_shape(ckpt, "blocks.0.mlp.fc1.weight", rank=2)[0]
     layout = Layout(patch, width, grid, arch.num_heads, hidden, depth, "blocks.0.attn.qkv.bias" in ckpt)
 
