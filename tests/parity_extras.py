@@ -6,8 +6,9 @@ hard-swish the logits reach 1e18..1e29 (fp16 overflows, and a relative error onl
 path), and with ReLU6 (EfficientNet-Lite, MobileNetV2) the net turns chaotic, so that timm's own
 fp32 and fp64 logits already differ by ~10% of the largest. Re-estimating the running statistics
 on half of the shared photos (affine parameters stay random) keeps the net well conditioned on
-both photos and random pixels (timm's fp32 and fp64 then agree to ~1e-6, logits are O(1)), while a
-wrong eps, padding, activation or gate still moves the logits by 4% to 1000%.
+photos (timm's own fp32 and fp64 logits then agree to ~5e-6 of the largest, and logits are O(1);
+Gaussian pixels stay out of distribution, so the fp32 checks run on the photos left out), while a
+wrong eps, padding, activation or gate still moves the logits by 16% to 1000%.
 """
 
 from __future__ import annotations
@@ -52,3 +53,14 @@ def low_precision_report(got: torch.Tensor, expected: torch.Tensor) -> dict:
         "max_abs_delta": float((got - expected).abs().max()),
         "flipped_margins": [float(top2[i, 0] - top2[i, 1]) for i in flipped],
     }
+
+
+def assert_top1_kept(report: dict, precision: str) -> None:
+    """Top-1 kept on all photos but at most one whose timm top-2 margin is within the precision's noise.
+
+    Random weights give near-tied classes on some photos; a flip there says nothing about the
+    graph, so one is allowed when timm's own margin is below twice the largest logit error.
+    """
+    near_ties = all(m < 2 * report["max_abs_delta"] for m in report["flipped_margins"])
+    assert report["agree"] >= 21 and near_ties, f"{precision}: {report}"
+    assert report["kl"] < 1e-3, f"{precision}: {report}"

@@ -57,7 +57,8 @@ def test_layout_reads_depths_widths_and_mlp_form_from_the_tensors(timm_checkpoin
         assert tuple(s.width for s in layout.stages) == widths
         # Stage 0 keeps the stem's resolution; the others open with a 2x2 stride-2 patchify.
         assert tuple(s.downsample for s in layout.stages) == (0, 2, 2, 2)
-        assert layout.patch == 4 and all(b.layer_scale and b.hidden == 4 * s.width for s in layout.stages for b in s.blocks)
+        assert layout.patch == 4
+        assert all(b.layer_scale and b.hidden == 4 * s.width for s in layout.stages for b in s.blocks)
 
 
 def test_linear_mlp_runs_as_1x1_convolutions_without_permutes(timm_checkpoint):

@@ -8,6 +8,7 @@ import torch
 from support import (
     TIE_MARGIN,
     check_parity,
+    flip_margins,
     forbid_weight_reads,
     load_timm,
     photos_for,
@@ -67,13 +68,15 @@ def _scale_q_and_k(state, factor):
             state[name] = weight * rows[:, None, None, None]
 
 
-def test_fp16_build_keeps_attention_sums_finite_where_an_all_fp16_build_overflows(timm_checkpoint, tmp_path, record_property):
+def test_fp16_build_keeps_attention_sums_finite_where_an_all_fp16_build_overflows(
+    timm_checkpoint, tmp_path, record_property
+):
     # With q and k four times larger, the normalizer sum_d q_d * sum_tokens k_d (196 tokens in stage 2)
     # passes fp16's 65504 while q, k and v themselves still fit: an all-fp16 attention returns
     # inf / inf. The default fp16 build keeps the products, the token sum and the division in fp32,
     # as timm does with autocast off.
     folder = rewritten_checkpoint(timm_checkpoint(SMALLEST), tmp_path / "loud", lambda s: _scale_q_and_k(s, 4.0))
-    photos = photos_for(folder)[:4]
+    photos = photos_for(folder)[:2]  # fp16 convolutions are slow on a CPU; two photos make the point
     _, graph = build_graph(Checkpoint(folder), "fp16")
     all_fp16 = PrecisionPolicy("fp16", overrides=(("*.attn.*", DType.F16),))
     with torch.no_grad():
@@ -83,7 +86,7 @@ def test_fp16_build_keeps_attention_sums_finite_where_an_all_fp16_build_overflow
     record_property("default_fp16_rel_err", relative_error(default, expected))
     assert torch.isfinite(expected).all()
     assert torch.isfinite(default).all()
-    assert torch.equal(default.argmax(-1), expected.argmax(-1))
+    assert all(m < TIE_MARGIN["fp16"] for m in flip_margins(default, expected))
     assert not torch.isfinite(forced).all()  # the test bites: without the fp32 island the logits break
 
 
@@ -111,5 +114,6 @@ def test_inconsistent_head_width_is_refused_before_weights_load(timm_checkpoint,
 
     folder = rewritten_checkpoint(timm_checkpoint(SMALLEST), tmp_path / "bad", regroup)
     forbid_weight_reads(monkeypatch)
-    with pytest.raises(CheckpointError, match=r"stages\.3\.blocks\.1\.context_module\.main\.qkv\.conv\.weight.*heads of 12"):
+    qkv = r"stages\.3\.blocks\.1\.context_module\.main\.qkv\.conv\.weight"
+    with pytest.raises(CheckpointError, match=qkv + r".*heads of 12"):
         build_graph(Checkpoint(folder))

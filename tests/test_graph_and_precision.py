@@ -112,3 +112,21 @@ def test_batch_norm_folding_removes_the_scale_and_keeps_the_function():
     before = GraphModule(assign_precision(graph, policy))(x)
     after = GraphModule(assign_precision(folded, policy))(x)
     assert torch.allclose(before, after, rtol=1e-5, atol=1e-5)
+
+
+def test_concatenating_a_constant_is_refused_because_it_cannot_follow_the_batch():
+    g = GraphBuilder()
+    x = g.input("pixels", (1, 4, 8))
+    token = g.constant("cls_token", np.zeros((1, 1, 8)))
+    with pytest.raises(GraphError, match="cannot follow the batch"):
+        g.concat([token, x], 1, "tokens")
+
+
+def test_asymmetric_average_pooling_without_pad_counting_divides_by_real_windows():
+    g = GraphBuilder()
+    x = g.input("pixels", (1, 1, 3, 3))
+    y = g.pool2d(x, "pool", "avg", 2, 2, (0, 0, 1, 1), count_include_pad=False)
+    g.output(y)
+    module = GraphModule(assign_precision(g.finish(), PrecisionPolicy("fp32")))
+    out = module(torch.ones(1, 1, 3, 3))
+    assert out.shape == (1, 1, 2, 2) and torch.allclose(out, torch.ones_like(out))

@@ -192,10 +192,12 @@ class Checkpoint:
     def names(self) -> list[str]:
         if self._names is None:
             self._names = list(self._open().keys())
+            self._name_set = frozenset(self._names)
         return self._names
 
     def __contains__(self, name: str) -> bool:
-        return name in set(self.names)
+        self.names  # noqa: B018 - loads the name set
+        return name in self._name_set
 
     def shape(self, name: str) -> tuple[int, ...]:
         if name not in self._shapes:
@@ -212,7 +214,7 @@ class Checkpoint:
         return value.float().numpy()
 
     def _require_name(self, name: str) -> None:
-        if name not in self.names:
+        if name not in self:
             raise CheckpointError(
                 f"{self.weights_path}: tensor {name!r} is missing for {self.config.architecture}"
             )

@@ -215,13 +215,15 @@ class GraphBuilder:
         attrs = Pool2dAttrs(PoolMode(mode), k, s, p, bool(count_include_pad))
         return self._add(OpKind.POOL2D, source, [x], attrs, (x.shape[0], x.shape[1], h, w))
 
-    def reduce(self, x: Tensor, source: str, op: Reduction, axes: Sequence[int], *, keepdim: bool) -> Tensor:
+    def reduce(
+        self, x: Tensor, source: str, op: Reduction, axes: Sequence[int], *, keepdim: bool, sensitive: bool = False
+    ) -> Tensor:
         axes = tuple(sorted(self._axis(x, a) for a in axes))
         if keepdim:
             shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
         else:
             shape = tuple(d for i, d in enumerate(x.shape) if i not in axes)
-        return self._add(OpKind.REDUCE, source, [x], ReduceAttrs(Reduction(op), axes, keepdim), shape)
+        return self._add(OpKind.REDUCE, source, [x], ReduceAttrs(Reduction(op), axes, keepdim), shape, sensitive=sensitive)
 
     def global_avg_pool(self, x: Tensor, source: str, *, keepdim: bool = False) -> Tensor:
         return self.reduce(x, source, Reduction.MEAN, (2, 3), keepdim=keepdim)
@@ -242,6 +244,12 @@ class GraphBuilder:
         if not xs:
             raise GraphError(f"concat {source!r} needs at least one input")
         axis = self._axis(xs[0], axis)
+        kinds = {n.name: n.kind for n in self.graph.nodes}
+        constants = [t.name for t in xs if kinds.get(t.name) is OpKind.CONSTANT]
+        if constants:
+            # A constant has batch 1 and broadcasts only in elementwise ops; concatenated, it would
+            # break every batch size but 1.
+            raise GraphError(f"concat {source!r}: constant input {constants[0]!r} cannot follow the batch")
         base = list(xs[0].shape)
         for t in xs[1:]:
             other = list(t.shape)

@@ -107,7 +107,7 @@ def _build_cpu(graph: Graph, spec: EngineSpec, progress: Progress) -> tuple[dict
 def _build_cuda(graph: Graph, spec: EngineSpec, progress: Progress) -> tuple[dict[str, bytes], dict]:
     if not torch.cuda.is_available():
         raise RuntimeError("--device cuda needs a CUDA GPU visible to PyTorch; build with --device cpu here")
-    torch.compiler.reset()
+    _forget_earlier_compiles()
     compiled = _compile_cuda(graph)
     sizes = compiled_batch_sizes(spec.max_batch)
     for batch in sizes:
@@ -125,6 +125,17 @@ def _build_cuda(graph: Graph, spec: EngineSpec, progress: Progress) -> tuple[dic
         "device_name": props.name,
         "compute_capability": f"{props.major}.{props.minor}",
     }
+
+
+def _forget_earlier_compiles() -> None:
+    """save_cache_artifacts() returns everything compiled in the process so far: start this engine's
+    record empty, so a process that builds several bundles does not pack one's caches into the next."""
+    torch.compiler.reset()
+    try:
+        from torch.compiler._cache import CacheArtifactManager
+    except ImportError:  # other torch versions keep no such record
+        return
+    CacheArtifactManager.clear()
 
 
 def _compile_cuda(graph: Graph):

@@ -88,9 +88,15 @@ def _pool2d(node, args, w):
     if a.mode is PoolMode.MAX:
         x, padding = _pad_if_asymmetric(args[0], a.padding, value=float("-inf"))
         return F.max_pool2d(x, a.kernel, a.stride, padding)
-    if a.padding[0] != a.padding[2] or a.padding[1] != a.padding[3]:
-        raise NotImplementedError(f"{node.name}: asymmetric average pooling")
-    return F.avg_pool2d(args[0], a.kernel, a.stride, a.padding[:2], count_include_pad=a.count_include_pad)
+    if a.padding[0] == a.padding[2] and a.padding[1] == a.padding[3]:
+        return F.avg_pool2d(args[0], a.kernel, a.stride, a.padding[:2], count_include_pad=a.count_include_pad)
+    # Asymmetric: pad explicitly with zeros, and divide by the real window sizes if pads don't count.
+    pad = (a.padding[1], a.padding[3], a.padding[0], a.padding[2])
+    y = F.avg_pool2d(F.pad(args[0], pad), a.kernel, a.stride)
+    if a.count_include_pad:
+        return y
+    ones = F.pad(torch.ones_like(args[0][:1, :1]), pad)
+    return y / F.avg_pool2d(ones, a.kernel, a.stride)
 
 
 @lowering(OpKind.REDUCE)
@@ -189,10 +195,12 @@ class GraphModule(torch.nn.Module):
             raise NotImplementedError(f"no torch lowering for {', '.join(missing)}")
         self.graph_ir = graph
         self._buffers_by_key: dict[str, str] = {}
+        registered: set[str] = set()
         for node in graph.nodes:
             for key in node.weight_keys():
                 name = _buffer_name(key)
-                if name not in self._buffers_by_key.values():
+                if name not in registered:
+                    registered.add(name)
                     tensor = torch.from_numpy(graph.weights[key]).to(TORCH_DTYPES[node.type.dtype])
                     self.register_buffer(name, tensor)
                 self._buffers_by_key[key] = name

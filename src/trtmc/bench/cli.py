@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -26,7 +28,8 @@ batch sizes and a protocol) it builds the bundle with `trtmc build` (timed), the
 
   engine scope  device-resident input to complete float32 logits, synchronized (CUDA events);
                 trtmc replays a CUDA graph per compiled batch size
-  task scope    image files in, host logits out (image_to_class_scores, preprocessing included)
+  task scope    host RGB float32 arrays in, host logits out (image_to_class_scores: preprocessing,
+                transfer, engine, copy back; decoding the photo is not timed)
   baselines     timm's model with the same weights, same device, same batch, engine scope:
                 eager fp32; eager in the entry's precision, channels_last;
                 torch.compile(mode="reduce-overhead") of the latter; max-autotune on request
@@ -95,6 +98,14 @@ def add_bench(sub) -> None:
     how.add_argument("--max-autotune", action="store_true",
                      help='also time torch.compile(mode="max-autotune") (its compile takes minutes)')
     how.add_argument("--no-baselines", action="store_true", help="time trtmc only")
+    how.add_argument("--prepare-jobs", type=int, default=0, metavar="N",
+                     help="first run N entries at a time through their CPU-bound part (random weights, trtmc "
+                          "build, cold torch.compile of the baselines, filling Inductor's disk caches), then "
+                          "time every entry one after another; build times are then measured under that load")
+    how.add_argument("--prepare-only", action="store_true",
+                     help="only run the CPU-bound part of each entry (with --prepare-jobs N: N at a time), then exit")
+    how.add_argument("--reuse-prepared", action="store_true",
+                     help="time with the bundles a --prepare-only run left in --workdir (their build times as recorded)")
     how.add_argument("--warmups", type=int, metavar="N", help="warm-up calls per row (default 3)")
     how.add_argument("--iters", type=int, metavar="N", help="measured calls per row (default 10)")
     how.add_argument("--margin", type=float, metavar="F",
@@ -173,6 +184,41 @@ def _baselines(args) -> tuple[str, ...]:
     return tuple(keys)
 
 
+def _prepare_in_parallel(args, entries, progress) -> None:
+    """One `trtmc bench ... --prepare-only --only NAME` subprocess per entry, `--prepare-jobs` at a time."""
+    import subprocess
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+
+    argv = _drop_options(sys.argv[1:], ("--prepare-jobs", "--only", "--workdir"))
+    workdir = str(args.workdir or args.out / "work")
+
+    def prepare(entry):
+        only = [] if args.model else ["--only", entry.name]  # --model names one entry already
+        cmd = [sys.executable, "-m", "trtmc", *argv, "--prepare-only", *only, "--workdir", workdir]
+        started = time.perf_counter()
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        status = "ok" if done.returncode == 0 else f"failed: {done.stderr.strip()[-300:]}"
+        progress(f"prepared {entry.name} in {time.perf_counter() - started:.0f} s: {status}")
+
+    progress(f"preparing {len(entries)} entries, {args.prepare_jobs} at a time")
+    with ThreadPoolExecutor(args.prepare_jobs) as pool:
+        list(pool.map(prepare, entries))
+
+
+def _drop_options(argv: list[str], names: tuple[str, ...]) -> list[str]:
+    """argv without the given `--name VALUE` options."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in names:
+            skip = True
+        elif not any(a.startswith(n + "=") for n in names):
+            out.append(a)
+    return out
+
+
 def _cmd_bench(args) -> int:
     from ..cli import Progress
     from .report import write_results
@@ -190,9 +236,21 @@ def _cmd_bench(args) -> int:
         baselines=_baselines(args),
     )
     progress = Progress(args.quiet)
+    if args.prepare_jobs > 0:
+        _prepare_in_parallel(args, entries, progress)
+        options = dataclasses.replace(options, reuse_bundles=True)
+    elif args.prepare_only:
+        from .runner import prepare_entry
+
+        for entry in entries:
+            prepare_entry(entry, options, progress=lambda m, n=entry.name: progress(f"[prepare {n}] {m}"))
+    if args.prepare_only:
+        return 0
+    if args.reuse_prepared:
+        options = dataclasses.replace(options, reuse_bundles=True)
     progress(f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'} on {args.device}; "
              f"baselines: {', '.join(options.baselines) or 'none'}")
-    result = run_bench(entries, options, progress=progress)
+    result = run_bench(entries, options, progress=progress, on_result=lambda partial: write_results(partial, args.out))
     written = write_results(result, args.out)
     for e in result.entries:
         line = f"{e.entry.name:28s} {e.status}"

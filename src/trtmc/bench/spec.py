@@ -83,6 +83,8 @@ class Entry:
             raise SpecError(f"{where}: 'model' must be a Hugging Face id, a checkpoint folder or a timm architecture name, got {self.model!r}")
         if not isinstance(self.name, str) or not self.name.strip():
             raise SpecError(f"{where}: 'name' must be a non-empty string, got {self.name!r}")
+        if any(c in self.name for c in "/\\") or self.name != self.name.strip():
+            raise SpecError(f"{where}: 'name' {self.name!r} names files: no slashes or surrounding spaces")
         if self.precision not in PRECISIONS:
             raise SpecError(f"{where}: 'precision' must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.weights not in WEIGHTS:

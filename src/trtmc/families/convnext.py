@@ -86,6 +86,8 @@ def derive_layout(ckpt: Checkpoint, arch: ConvNeXtConfig) -> Layout:
             kernel = expect_shape(ckpt, f"{bp}.conv_dw.weight", rank=4)[2]
             fc1 = expect_shape(ckpt, f"{bp}.mlp.fc1.weight")
             hidden, pointwise = fc1[0], fc1[2:]  # (1, 1) for a conv MLP, () for linears
+            if pointwise not in ((), (1, 1)):
+                raise CheckpointError(f"{name}: {bp}.mlp.fc1.weight {fc1} is neither a linear nor a 1x1 convolution")
             blocks.append(BlockSpec(bp, hidden, f"{bp}.gamma" in names))
             expected[f"{bp}.conv_dw.weight"] = (width, 1, kernel, kernel)
             expected[f"{bp}.mlp.fc1.weight"] = (hidden, width, *pointwise)

@@ -16,7 +16,9 @@ from ..checkpoint import Checkpoint, CheckpointError
 from ..graph import Activation, Binary, Graph
 from ..graph_builder import GraphBuilder, Tensor
 from . import Family
-from ._parts import act, batch_norm, block_indices, classifier_head, conv, expect_shape, expect_tensors, image_input
+from ._parts import (
+    act, batch_norm, block_indices, classifier_head, conv, expect_shape, expect_tensors, image_input, norm_shapes,
+)
 
 
 @dataclass(frozen=True)
@@ -89,8 +91,7 @@ class _Reader:
             self.expected[f"{prefix}.conv.bias"] = (out,)
         norm = f"{prefix}.norm.weight" in self.names
         if norm:
-            for leaf in ("weight", "bias", "running_mean", "running_var"):
-                self.expected[f"{prefix}.norm.{leaf}"] = (out,)
+            self.expected.update(norm_shapes(f"{prefix}.norm", out))
         return ConvSpec(prefix, stride, norm, act), out
 
     def local(self, prefix: str, width: int, *, stride: int, residual: bool) -> tuple[LocalBlock, int]:
@@ -186,7 +187,7 @@ def _lite_mla(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, block: AttentionBloc
 
     timm pads v with a column of ones so that one product yields both q (k^T v) and its normalizer
     q (k^T 1). A concat does not broadcast a constant over the batch, so here the two come from
-    separate products: q (k^T v) and q (k^T 1), the latter against a ones column.
+    separate products: q (k^T v), and q against the token sum of k.
     """
     main, d = f"{block.prefix}.main", block.head_dim
     _, _, height, width = x.shape
@@ -230,9 +231,8 @@ def emit(g: GraphBuilder, ckpt: Checkpoint, layout: Layout, arch: EfficientViTCo
     x = _conv_norm_act(g, x, ckpt, layout.head, arch)
     x = g.global_avg_pool(x, "head.global_pool")
     x = g.linear(x, "head.classifier.0", ckpt.tensor("head.classifier.0.weight"))
-    x = g.layer_norm(
-        x, "head.classifier.1", ckpt.tensor("head.classifier.1.weight"), ckpt.tensor("head.classifier.1.bias"), arch.ln_eps
-    )
+    weight, bias = ckpt.tensor("head.classifier.1.weight"), ckpt.tensor("head.classifier.1.bias")
+    x = g.layer_norm(x, "head.classifier.1", weight, bias, arch.ln_eps)
     x = g.activation(x, arch.act, "head.classifier.2")
     return classifier_head(g, x, ckpt, "head.classifier.4")
 

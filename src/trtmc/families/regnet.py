@@ -13,7 +13,10 @@ from ..graph import Activation, Graph
 from ..graph_builder import GraphBuilder, Tensor
 from . import Family, UnsupportedModel
 from ._parts import batch_norm, block_indices, classifier_head, conv, conv_norm_act, expect_tensors, image_input, squeeze_excite
-from .resnet import expect_conv, expect_linear
+from .resnet import expect_conv, expect_linear, expect_squeeze_excite
+
+# timm's RegNet stem is one 3x3 ConvNormAct with stride 2.
+STEM_STRIDE = 2
 
 
 @dataclass(frozen=True)
@@ -72,9 +75,7 @@ def derive_layout(ckpt: Checkpoint, arch: ArchConfig) -> Layout:
             width = expect_conv(ckpt, expected, f"{prefix}.conv2.conv", width, norm=f"{prefix}.conv2.bn")[0]
             se = f"{prefix}.se.fc1.weight" in names
             if se:
-                reduced = expect_conv(ckpt, expected, f"{prefix}.se.fc1", width)[0]
-                expected[f"{prefix}.se.fc2.weight"] = (width, reduced, 1, 1)
-                expected[f"{prefix}.se.fc2.bias"] = (width,)
+                expect_squeeze_excite(ckpt, expected, f"{prefix}.se", width)
             channels = expect_conv(ckpt, expected, f"{prefix}.conv3.conv", width, norm=f"{prefix}.conv3.bn")[0]
             projects = f"{prefix}.downsample.conv.weight" in names
             if projects:
@@ -107,7 +108,7 @@ def _block(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, b: BlockSpec, arch: Arc
 
 def emit(g: GraphBuilder, ckpt: Checkpoint, layout: Layout, arch: ArchConfig) -> Tensor:
     x = image_input(g, ckpt)
-    x = conv_norm_act(g, x, ckpt, "stem.conv", "stem.bn", arch.act, eps=arch.eps, stride=2)
+    x = conv_norm_act(g, x, ckpt, "stem.conv", "stem.bn", arch.act, eps=arch.eps, stride=STEM_STRIDE)
     for block in layout.blocks:
         x = _block(g, x, ckpt, block, arch)
     return classifier_head(g, g.global_avg_pool(x, "head.global_pool"), ckpt, "head.fc")

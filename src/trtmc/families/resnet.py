@@ -17,6 +17,8 @@ from ._parts import (
     squeeze_excite,
 )
 
+# The first stem conv (7x7, or the first 3x3 of the deep stem) strides 2 in every timm ResNet.
+STEM_STRIDE = 2
 # The stem max pool (kernel, stride, padding): timm's ResNet without `replace_stem_pool` or `aa_layer`.
 STEM_POOL = (3, 2, 1)
 # "D" shortcuts average-pool 2x2 before their 1x1 conv (timm's `downsample_avg`).
@@ -72,7 +74,8 @@ def expect_conv(
     """The [out, in/groups, kh, kw] shape of the conv at `prefix`, checked against the `channels` it
     reads; adds the conv (with its bias and `norm`, if any) to an `expect_tensors` table.
 
-    Shapes only: a malformed checkpoint is refused before any weight loads. RegNet uses it too.
+    Shapes only: a malformed checkpoint is refused before any weight loads. RegNet uses these
+    `expect_*` helpers too.
     """
     name = f"{prefix}.weight"
     shape = expect_shape(ckpt, name, rank=4)
@@ -87,6 +90,14 @@ def expect_conv(
     if norm is not None:
         expected.update(norm_shapes(norm, shape[0]))
     return shape
+
+
+def expect_squeeze_excite(ckpt: Checkpoint, expected: dict[str, tuple[int, ...]], prefix: str, channels: int) -> None:
+    """timm's SEModule at `prefix`: 1x1 convs `fc1` (channels -> reduced) and `fc2` (back), with biases."""
+    reduced = expect_conv(ckpt, expected, f"{prefix}.fc1", channels)[0]
+    expected[f"{prefix}.fc1.bias"] = (reduced,)
+    expected[f"{prefix}.fc2.weight"] = (channels, reduced, 1, 1)
+    expected[f"{prefix}.fc2.bias"] = (channels,)
 
 
 def expect_linear(ckpt: Checkpoint, expected: dict[str, tuple[int, ...]], prefix: str, features: int) -> None:
@@ -110,17 +121,18 @@ def derive_layout(ckpt: Checkpoint, arch: ArchConfig) -> Layout:
     channels, height, width = ckpt.config.pretrained.input_size
 
     if "conv1.weight" in names:
-        stem = (StemConv("conv1", "bn1", "act1", 2),)
+        stem = (StemConv("conv1", "bn1", "act1", STEM_STRIDE),)
     else:
         # The deep stem is a Sequential (conv, bn, relu, conv, bn, relu, conv) that bn1/act1 follow.
-        convs = [i for (i,) in block_indices(ckpt, r"^conv1\.(\d+)\.weight$") if len(ckpt.shape(f"conv1.{i}.weight")) == 4]
+        indices = block_indices(ckpt, r"^conv1\.(\d+)\.weight$")
+        convs = [i for (i,) in indices if len(ckpt.shape(f"conv1.{i}.weight")) == 4]
         if not convs:
             raise CheckpointError(f"{name}: no stem conv (neither conv1.weight nor conv1.N.weight) in {ckpt.weights_path}")
         stem = tuple(
             StemConv(
                 f"conv1.{i}",
                 *((f"conv1.{i + 1}", f"conv1.{i + 2}") if k < len(convs) - 1 else ("bn1", "act1")),
-                stride=2 if k == 0 else 1,
+                stride=STEM_STRIDE if k == 0 else 1,
             )
             for k, i in enumerate(convs)
         )
@@ -152,9 +164,7 @@ def derive_layout(ckpt: Checkpoint, arch: ArchConfig) -> Layout:
                 channels = expect_conv(ckpt, expected, f"{prefix}.conv{i}", channels, norm=f"{prefix}.bn{i}")[0]
             se = f"{prefix}.se.fc1.weight" in names
             if se:
-                reduced = expect_conv(ckpt, expected, f"{prefix}.se.fc1", channels)[0]
-                expected[f"{prefix}.se.fc2.weight"] = (channels, reduced, 1, 1)
-                expected[f"{prefix}.se.fc2.bias"] = (channels,)
+                expect_squeeze_excite(ckpt, expected, f"{prefix}.se", channels)
             shortcut = None
             if f"{prefix}.downsample.0.weight" in names:
                 shortcut = Shortcut(f"{prefix}.downsample.0", f"{prefix}.downsample.1", None)

@@ -61,7 +61,9 @@ def derive_layout(ckpt: Checkpoint, arch: ViTConfig) -> Layout:
             f"{height}x{width_px} input into square patches"
         )
     if width % arch.num_heads:
-        raise CheckpointError(f"{name}: width {width} (patch_embed.proj.weight) does not split into {arch.num_heads} heads")
+        raise CheckpointError(
+            f"{name}: width {width} (patch_embed.proj.weight) does not split into {arch.num_heads} heads"
+        )
     grid = (height // patch, width_px // patch)
     positions = expect_shape(ckpt, "pos_embed", rank=3)[1]
     if positions != 1 + grid[0] * grid[1]:
