@@ -66,7 +66,6 @@ def classify_in_fresh_process(bundle: Path, images: list[Path]) -> dict:
 
 
 def cpu_reference(folder: Path, images: list[Path], bundle: Path) -> dict:
-    import numpy as np
     import torch
 
     sys.path.insert(0, str(REPO / "tests"))
@@ -77,7 +76,6 @@ def cpu_reference(folder: Path, images: list[Path], bundle: Path) -> dict:
     from trtmc.checkpoint import Checkpoint
     from trtmc.families import build_graph
     from trtmc.passes.precision import PrecisionPolicy, assign_precision
-    from trtmc.preprocess import PreprocessSpec
     from PIL import Image
 
     spec = read_bundle(bundle).preprocess

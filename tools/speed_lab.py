@@ -108,7 +108,7 @@ def child(arch: str, variant: str, batch: int, compile_only: bool) -> dict:
             fn(x)
         torch.cuda.current_stream().wait_stream(stream)
         with torch.no_grad(), torch.cuda.graph(graph):
-            out = fn(x)
+            fn(x)
         call = graph.replay
     else:
         call = lambda: fn(x)  # noqa: E731

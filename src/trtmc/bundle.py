@@ -20,10 +20,7 @@ version, each with an error that says what to do.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
-import os
-import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from . import __version__
+from .files import write_atomically
 from .graph import Graph
 from .preprocess import PreprocessSpec
 
@@ -72,22 +70,14 @@ def write_bundle(path: Path, manifest: dict[str, Any], members: dict[str, bytes]
     manifest["format_version"] = FORMAT_VERSION
     manifest["tool_version"] = __version__
     manifest["members"] = {name: {"sha256": _sha256(data), "size": len(data)} for name, data in sorted(members.items())}
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_STORED) as archive:
-                archive.writestr(MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
-                for name, data in sorted(members.items()):
-                    archive.writestr(name, data)
-            f.flush()
-            os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a bundle is an ordinary file
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+
+    def write(f) -> None:
+        with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_STORED) as archive:
+            archive.writestr(MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
+            for name, data in sorted(members.items()):
+                archive.writestr(name, data)
+
+    write_atomically(path, write)
     return path
 
 

@@ -10,7 +10,6 @@ input and output buffers.
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 import tempfile

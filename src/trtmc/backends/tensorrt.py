@@ -25,8 +25,6 @@ import fcntl
 import importlib
 import json
 import logging
-import os
-import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -36,6 +34,7 @@ from typing import Any, Callable
 from ..graph import DType, Graph, OpKind
 from . import BuiltEngine, EngineSpec, Progress
 from .tensorrt_lowering import INPUT_NAME, OUTPUT_NAME, TRT_LOWERINGS, TRT_MODULE, Lowerer, UnsupportedNode, trt, trt_dtype
+from ..files import write_bytes_atomically
 
 _log = logging.getLogger(__name__)
 
@@ -276,17 +275,7 @@ def update_file_atomically(path: Path, update: Callable[[bytes | None], bytes]) 
     with open(path.with_name(path.name + ".lock"), "a+b") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            data = update(path.read_bytes() if path.exists() else None)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-            try:
-                with os.fdopen(fd, "wb") as fh:
-                    fh.write(data)
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                os.replace(tmp, path)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            write_bytes_atomically(path, update(path.read_bytes() if path.exists() else None))
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
 

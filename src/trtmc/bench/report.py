@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from .runner import TRTMC, BenchResult, EntryResult, Row
 from .timing import ENGINE, TASK
+from ..files import write_bytes_atomically
 
 log = logging.getLogger(__name__)
 
@@ -34,17 +33,6 @@ HEADERS = {
 
 # One colour per subject in every panel; trtmc's task scope is its engine colour, dashed.
 COLORS = {TRTMC: "C0", "eager-fp32": "C1", "eager-cl": "C2", "reduce-overhead": "C3", "max-autotune": "C4"}
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 def _round(value: float | None, digits: int = 3) -> float | None:
@@ -316,10 +304,10 @@ def write_results(result: BenchResult, out: Path) -> dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
     written = {}
     path = out / RESULTS_JSON
-    _atomic_write(path, (json.dumps(to_json(result), indent=1) + "\n").encode())
+    write_bytes_atomically(path, (json.dumps(to_json(result), indent=1) + "\n").encode())
     written["json"] = path
     path = out / RESULTS_MD
-    _atomic_write(path, to_markdown(result).encode())
+    write_bytes_atomically(path, to_markdown(result).encode())
     written["markdown"] = path
     png = plot(result, out / PLOT_PNG)
     if png is not None:

@@ -94,20 +94,20 @@ def _block(ckpt: Checkpoint, expected: dict, prefix: str, in_chs: int, residual:
     expected[f"{prefix}.c3x3_b.conv.weight"] = grouped
     width = grouped[0]
     expected.update(norm_shapes(f"{prefix}.c1x1_c.bn", width))
+    # What the block emits: the residual plus one increment of dense channels, from one convolution
+    # split afterwards or ("b") from two.
     if split_convs:
         produced = expect_shape(ckpt, f"{prefix}.c1x1_c1.weight", rank=4, dims={1: width})[0]
-        increment = expect_shape(ckpt, f"{prefix}.c1x1_c2.weight", rank=4, dims={1: width})[0]
+        inc = expect_shape(ckpt, f"{prefix}.c1x1_c2.weight", rank=4, dims={1: width})[0]
         expected[f"{prefix}.c1x1_c1.weight"] = (produced, width, 1, 1)
-        expected[f"{prefix}.c1x1_c2.weight"] = (increment, width, 1, 1)
+        expected[f"{prefix}.c1x1_c2.weight"] = (inc, width, 1, 1)
     else:
         produced = expect_shape(ckpt, f"{prefix}.c1x1_c.conv.weight", rank=4, dims={1: width})[0]
         expected[f"{prefix}.c1x1_c.conv.weight"] = (produced, width, 1, 1)
 
-    inc = increment if split_convs else 0  # c1x1_c1 yields the residual, c1x1_c2 the increment
     stride = 1
     if projection is not None:
-        # The projection yields the residual plus two increments of dense channels, c1x1_c the
-        # residual plus one: together they fix the split of both.
+        # The projection emits the residual plus two increments: with what c1x1_c emits, that fixes both.
         projected = expect_shape(ckpt, f"{prefix}.{projection}.conv.weight", rank=4, dims={1: in_chs})[0]
         expected.update(norm_shapes(f"{prefix}.{projection}.bn", in_chs))
         expected[f"{prefix}.{projection}.conv.weight"] = (projected, in_chs, 1, 1)
@@ -117,10 +117,10 @@ def _block(ckpt: Checkpoint, expected: dict, prefix: str, in_chs: int, residual:
         stride = _PROJECTIONS[projection]
     elif not split_convs:
         inc = produced - residual
-    if inc <= 0 or residual <= 0 or (split_convs and produced != residual):
+    if inc <= 0 or residual <= 0 or produced != residual + (0 if split_convs else inc):
         raise CheckpointError(
-            f"{arch}: {prefix} output widths ({prefix}.c1x1_c* give {produced}"
-            f"{f' + {inc}' if split_convs else ''}) do not fit a residual path of {residual} channels"
+            f"{arch}: {prefix} emits {produced}{f' + {inc}' if split_convs else ''} channels from c1x1_c, "
+            f"which do not fit a residual path of {residual} channels"
         )
     return DualPathSpec(prefix, in_chs, projection, stride, residual, inc, split_convs)
 

@@ -14,7 +14,7 @@ from enum import Enum
 from ..checkpoint import Checkpoint, CheckpointError
 from ..graph import Activation, Graph
 from ..graph_builder import GraphBuilder, Tensor
-from . import Family
+from . import Family, UnsupportedModel
 from ._parts import block_indices, classifier_head, conv_norm_act, image_input, squeeze_excite
 
 log = logging.getLogger(__name__)
@@ -24,8 +24,6 @@ log = logging.getLogger(__name__)
 TIMM_EPS = 1e-5
 TF_EPS = 1e-3
 
-_BLOCK_KEY = re.compile(r"^blocks\.(\d+)\.(\d+)\.")
-_BN_LEAVES = ("weight", "bias", "running_mean", "running_var")
 
 
 class BlockKind(str, Enum):
@@ -44,8 +42,8 @@ class StageSpec:
 
 # Stage grammar, after timm's arch-def strings: one space-separated word per stage, each word
 # `_`-joined tokens.
-#   s<N>  the first block of the stage strides by N (the tensors do not say where resolution halves)
-#   nre   the stage's blocks use ReLU instead of the network's activation (timm's own token)
+#   s1/s2  the first block of the stage strides by 1 or 2 (no tensor says where resolution halves)
+#   nre    the stage's blocks use ReLU instead of the network's activation (timm's own token)
 _ACT_TOKENS = {"nre": Activation.RELU}
 
 
@@ -98,6 +96,32 @@ class Layout:
 
 # ---- layout -----------------------------------------------------------------------------------
 
+# Per block class, its (convolution, norm) pairs in forward order.
+_CONVS = {
+    BlockKind.INVERTED_RESIDUAL: (("conv_pw", "bn1"), ("conv_dw", "bn2"), ("conv_pwl", "bn3")),
+    BlockKind.DEPTHWISE_SEPARABLE: (("conv_dw", "bn1"), ("conv_pw", "bn2")),
+    BlockKind.CONV_BN_ACT: (("conv", "bn1"),),
+}
+# The convolution that tells the classes apart, tried in this order (an "ir" block has a conv_dw too).
+_DISTINGUISHING = (
+    (BlockKind.INVERTED_RESIDUAL, "conv_pwl"),
+    (BlockKind.DEPTHWISE_SEPARABLE, "conv_dw"),
+    (BlockKind.CONV_BN_ACT, "conv"),
+)
+
+
+def conv_keys(conv: str, norm: str) -> list[str]:
+    """The tensors of a bias-free convolution and the batch norm after it."""
+    return [f"{conv}.weight"] + [f"{norm}.{leaf}" for leaf in ("weight", "bias", "running_mean", "running_var")]
+
+
+def block_keys(block: BlockSpec) -> list[str]:
+    p = block.prefix
+    keys = [key for conv, norm in _CONVS[block.kind] for key in conv_keys(f"{p}.{conv}", f"{p}.{norm}")]
+    if block.se:
+        keys += [f"{p}.se.{conv}.{leaf}" for conv in ("conv_reduce", "conv_expand") for leaf in ("weight", "bias")]
+    return keys
+
 
 def require(ckpt: Checkpoint, names: set[str], keys: list[str]) -> None:
     """Refuse a checkpoint that lacks one of `keys`, naming the first missing one."""
@@ -106,54 +130,41 @@ def require(ckpt: Checkpoint, names: set[str], keys: list[str]) -> None:
             raise CheckpointError(f"{ckpt.config.architecture}: tensor {key!r} is missing from {ckpt.weights_path}")
 
 
+def require_only(ckpt: Checkpoint, names: set[str], keys: list[str]) -> None:
+    """Refuse tensors the layout has no place for: a module the graph would silently skip."""
+    extra = sorted(names - set(keys))
+    if extra:
+        raise UnsupportedModel(
+            f"{ckpt.config.architecture}: tensor {extra[0]!r} {ckpt.shape(extra[0])} has no place in the layout "
+            f"derived from this checkpoint ({len(extra)} such tensors); variants with extra modules "
+            "(space-to-depth, layer scale, a norm after conv_head) are not supported"
+        )
+
+
 def require_width(ckpt: Checkpoint, key: str, axis: int, want: int, what: str) -> None:
     shape = ckpt.shape(key)
     if len(shape) != 4 or shape[axis] != want:
-        raise CheckpointError(
-            f"{ckpt.config.architecture}: {key} has shape {shape}, but {what} has {want} channels"
-        )
+        raise CheckpointError(f"{ckpt.config.architecture}: {key} has shape {shape}, but {what} has {want} channels")
 
 
-# Per block class, its (convolution, norm) pairs in forward order; the class shows in which of the
-# distinguishing convolutions (conv_pwl, conv_dw, conv) it holds, tried in this order.
-_CONVS = {
-    BlockKind.INVERTED_RESIDUAL: (("conv_pw", "bn1"), ("conv_dw", "bn2"), ("conv_pwl", "bn3")),
-    BlockKind.DEPTHWISE_SEPARABLE: (("conv_dw", "bn1"), ("conv_pw", "bn2")),
-    BlockKind.CONV_BN_ACT: (("conv", "bn1"),),
-}
-_DISTINGUISHING = {BlockKind.INVERTED_RESIDUAL: "conv_pwl", BlockKind.DEPTHWISE_SEPARABLE: "conv_dw", BlockKind.CONV_BN_ACT: "conv"}
-
-
-def _conv_keys(conv: str, norm: str) -> list[str]:
-    return [f"{conv}.weight"] + [f"{norm}.{leaf}" for leaf in _BN_LEAVES]
-
-
-def _derive_block(
-    ckpt: Checkpoint, names: set[str], prefix: str, width: int, stride: int, act: Activation
-) -> BlockSpec:
+def _derive_block(ckpt: Checkpoint, names: set[str], prefix: str, width: int, stride: int, act: Activation) -> BlockSpec:
     name = ckpt.config.architecture
-    kind = next((k for k, conv in _DISTINGUISHING.items() if f"{prefix}.{conv}.weight" in names), None)
+    kind = next((k for k, conv in _DISTINGUISHING if f"{prefix}.{conv}.weight" in names), None)
     if kind is None:
-        raise CheckpointError(
-            f"{name}: {prefix} holds none of conv_pwl, conv_dw or conv weights, so it is no EfficientNet/MobileNet block"
-        )
-    convs = _CONVS[kind]
-    keys = [key for conv, norm in convs for key in _conv_keys(f"{prefix}.{conv}", f"{prefix}.{norm}")]
+        raise CheckpointError(f"{name}: {prefix} holds none of conv_pwl, conv_dw or conv weights, so it is no timm block")
     se = f"{prefix}.se.conv_reduce.weight" in names
-    if se:
-        keys += [f"{prefix}.se.{conv}.{leaf}" for conv in ("conv_reduce", "conv_expand") for leaf in ("weight", "bias")]
-    require(ckpt, names, keys)
+    in_width = width
     # Each convolution reads the width the one before it wrote; a depthwise one keeps its width
     # (its weight is [channels, 1, k, k]), so its output axis holds the width it reads.
-    in_width = width
-    for conv, _ in convs:
+    for conv, _ in _CONVS[kind]:
         key = f"{prefix}.{conv}.weight"
+        require(ckpt, names, [key])
         depthwise = conv == "conv_dw"
         if depthwise and ckpt.shape(key)[1] != 1:
             raise CheckpointError(f"{name}: {key} has shape {ckpt.shape(key)}; a depthwise convolution reads one channel per group")
         require_width(ckpt, key, 0 if depthwise else 1, width, "the layer before it")
         width = ckpt.shape(key)[0]
-    return BlockSpec(
+    block = BlockSpec(
         prefix=prefix,
         kind=kind,
         stride=stride,
@@ -165,6 +176,8 @@ def _derive_block(
         in_width=in_width,
         out_width=width,
     )
+    require(ckpt, names, block_keys(block))
+    return block
 
 
 def derive_blocks(ckpt: Checkpoint, arch: ArchConfig, in_width: int) -> tuple[BlockSpec, ...]:
@@ -176,7 +189,7 @@ def derive_blocks(ckpt: Checkpoint, arch: ArchConfig, in_width: int) -> tuple[Bl
     """
     name = ckpt.config.architecture
     names = set(ckpt.names)
-    found = block_indices(ckpt, _BLOCK_KEY.pattern)
+    found = block_indices(ckpt, r"^blocks\.(\d+)\.(\d+)\.")
     stages = sorted({stage for stage, _ in found})
     if stages != list(range(len(arch.stages))):
         raise CheckpointError(
@@ -196,7 +209,7 @@ def derive_blocks(ckpt: Checkpoint, arch: ArchConfig, in_width: int) -> tuple[Bl
 
 
 def require_classifier(ckpt: Checkpoint, names: set[str], width: int) -> None:
-    require(ckpt, names, ["classifier.weight"])
+    require(ckpt, names, ["classifier.weight", "classifier.bias"])
     shape = ckpt.shape("classifier.weight")
     if shape != (ckpt.config.num_classes, width):
         raise CheckpointError(
@@ -206,13 +219,21 @@ def require_classifier(ckpt: Checkpoint, names: set[str], width: int) -> None:
         )
 
 
-def derive_layout(ckpt: Checkpoint, arch: ArchConfig) -> Layout:
+# EfficientNet's head: a 1x1 conv_head, batch norm and activation before pooling.
+_HEAD = tuple(conv_keys("conv_head", "bn2"))
+
+
+def derive_layout(ckpt: Checkpoint, arch: ArchConfig, head: tuple[str, ...] = _HEAD) -> Layout:
+    """Stem, blocks and head from the checkpoint; every tensor must have its place in them."""
     names = set(ckpt.names)
-    require(ckpt, names, _conv_keys("conv_stem", "bn1") + _conv_keys("conv_head", "bn2"))
+    stem = conv_keys("conv_stem", "bn1")
+    require(ckpt, names, stem + list(head))
     blocks = derive_blocks(ckpt, arch, ckpt.shape("conv_stem.weight")[0])
-    require_width(ckpt, "conv_head.weight", 1, blocks[-1].out_width, f"{blocks[-1].prefix}")
+    require_width(ckpt, "conv_head.weight", 1, blocks[-1].out_width, blocks[-1].prefix)
     head_width = ckpt.shape("conv_head.weight")[0]
     require_classifier(ckpt, names, head_width)
+    body = [key for block in blocks for key in block_keys(block)]
+    require_only(ckpt, names, stem + body + list(head) + ["classifier.weight", "classifier.bias"])
     return Layout(blocks, head_width)
 
 

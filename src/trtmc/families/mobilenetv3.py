@@ -7,51 +7,23 @@ It reads `conv_stem`/`bn1`, every `blocks.<stage>.<block>.{conv_dw,conv_pw,conv_
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-from ..checkpoint import Checkpoint, CheckpointError
+from ..checkpoint import Checkpoint
 from ..graph import Activation, Graph
 from ..graph_builder import GraphBuilder
-from . import Family
+from . import Family, efficientnet
 from ._parts import classifier_head, conv
-from .efficientnet import (
-    TF_EPS,
-    ArchConfig,
-    BlockSpec,
-    decode_stages,
-    derive_blocks,
-    emit_block,
-    emit_stem,
-    require,
-    require_classifier,
-    require_width,
-)
+from .efficientnet import TF_EPS, ArchConfig, Layout, decode_stages, emit_block, emit_stem
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class Layout:
-    blocks: tuple[BlockSpec, ...]
-    head_width: int  # conv_head output channels, the classifier's input
+# timm's MobileNetV3 head (head_norm=False): conv_head has a bias and no norm after it.
+_HEAD = ("conv_head.weight", "conv_head.bias")
 
 
 def derive_layout(ckpt: Checkpoint, arch: ArchConfig) -> Layout:
-    names = set(ckpt.names)
-    stem = ["conv_stem.weight"] + [f"bn1.{leaf}" for leaf in ("weight", "bias", "running_mean", "running_var")]
-    # timm's MobileNetV3 head: conv_head has a bias and no norm (head_norm=False); a `norm_head`
-    # belongs to MobileNetV4, which this family does not build.
-    require(ckpt, names, stem + ["conv_head.weight", "conv_head.bias"])
-    if "norm_head.weight" in names:
-        raise CheckpointError(
-            f"{ckpt.config.architecture}: norm_head.weight {ckpt.shape('norm_head.weight')} is a MobileNetV4 "
-            "head; MobileNetV3's conv_head has a bias and no norm"
-        )
-    blocks = derive_blocks(ckpt, arch, ckpt.shape("conv_stem.weight")[0])
-    require_width(ckpt, "conv_head.weight", 1, blocks[-1].out_width, blocks[-1].prefix)
-    head_width = ckpt.shape("conv_head.weight")[0]
-    require_classifier(ckpt, names, head_width)
-    return Layout(blocks, head_width)
+    return efficientnet.derive_layout(ckpt, arch, head=_HEAD)
 
 
 def emit(ckpt: Checkpoint, layout: Layout, arch: ArchConfig) -> Graph:
