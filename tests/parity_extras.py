@@ -1,14 +1,11 @@
-"""Parity helpers beyond support.py: well-conditioned random checkpoints, low-precision reports.
+"""Parity helpers beyond support.py: photo-calibrated random checkpoints, low-precision reports.
 
-Why `calibrated`: `support.randomize_` draws running variances in [0.02, 0.52] regardless of what a layer actually
-outputs. Deep EfficientNet/MobileNet stacks then run far outside their working range: with SiLU or
-hard-swish the logits reach 1e18..1e29 (fp16 overflows, and a relative error only sees the dominant
-path), and with ReLU6 (EfficientNet-Lite, MobileNetV2) the net turns chaotic, so that timm's own
-fp32 and fp64 logits already differ by ~10% of the largest. Re-estimating the running statistics
-on half of the shared photos (affine parameters stay random) keeps the net well conditioned on
-photos (timm's own fp32 and fp64 logits then agree to ~5e-6 of the largest, and logits are O(1);
-Gaussian pixels stay out of distribution, so the fp32 checks run on the photos left out), while a
-wrong eps, padding, activation or gate still moves the logits by 16% to 1000%.
+Why `calibrated`: `support.calibrate_` fits batch-norm statistics to Gaussian pixels, which keeps
+fp32 parity on Gaussian pixels well conditioned. The shared photos are out of that distribution:
+with those statistics mobilenetv3_small_100 reaches logits of 160 on them and timm's own bf16 model
+flips 3 of 22 top-1s against its fp32 one, which says nothing about trtmc. Re-fitting the statistics
+on half of the photos (affine parameters stay random) brings the logits back to O(1), so a
+low-precision top-1 flip on the photos means something again.
 """
 
 from __future__ import annotations
@@ -55,12 +52,18 @@ def low_precision_report(got: torch.Tensor, expected: torch.Tensor) -> dict:
     }
 
 
+# Mean KL(timm fp32 || ours) bounds. bf16 keeps 8 mantissa bits: on the real Lite0 weights timm's
+# own bf16 model reaches KL 1.1e-3 (and flips 1 of 22 photos), trtmc's bf16 graph 1.5e-3 (none).
+KL_BOUND = {"fp16": 1e-3, "bf16": 5e-3}
+
+
 def assert_top1_kept(report: dict, precision: str) -> None:
     """Top-1 kept on all photos but at most one whose timm top-2 margin is within the precision's noise.
 
-    Random weights give near-tied classes on some photos; a flip there says nothing about the
-    graph, so one is allowed when timm's own margin is below twice the largest logit error.
+    Near-tied classes (random weights, or a real photo between two dog breeds) can swap under any
+    rounding, timm's own low-precision model included; a flip there says nothing about the graph,
+    so one is allowed when timm's margin is below twice the largest logit error.
     """
     near_ties = all(m < 2 * report["max_abs_delta"] for m in report["flipped_margins"])
     assert report["agree"] >= 21 and near_ties, f"{precision}: {report}"
-    assert report["kl"] < 1e-3, f"{precision}: {report}"
+    assert report["kl"] < KL_BOUND[precision], f"{precision}: {report}"

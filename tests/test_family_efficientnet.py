@@ -10,9 +10,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from parity_extras import assert_top1_kept, calibrated, low_precision_report
-from support import LITE0, REFERENCE, load_timm, photos_for, relative_error, trtmc_module
+from support import LITE0, REFERENCE, load_timm, photos_for, random_pixels, relative_error, trtmc_module
 from trtmc.checkpoint import Checkpoint, CheckpointError
-from trtmc.families import build_graph
+from trtmc.families import UnsupportedModel, build_graph
 from trtmc.families.efficientnet import ARCHITECTURES, FAMILY, TF_EPS, TIMM_EPS, BlockKind, decode_stages, derive_layout
 from trtmc.graph import OpKind
 from trtmc.passes.precision import PrecisionPolicy, assign_precision
@@ -20,24 +20,18 @@ from trtmc.passes.precision import PrecisionPolicy, assign_precision
 SMALLEST = "mobilenetv2_100"
 
 
-@pytest.fixture(scope="module")
-def checkpoint(timm_checkpoint):
-    """Random weights with batch-norm statistics fitted to the activations (see parity_extras.py)."""
-    return lambda arch: calibrated(timm_checkpoint(arch))
-
-
 @pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
-def test_fp32_logits_match_timm(arch, checkpoint, record_property):
-    folder = checkpoint(arch)
-    x = photos_for(folder)[1:4:2]  # two photos the calibration did not see
+def test_fp32_logits_match_timm(arch, timm_checkpoint, record_property):
+    folder = timm_checkpoint(arch)
+    x = random_pixels(folder, batch=1)
     with torch.no_grad():
         error = relative_error(trtmc_module(folder)(x), load_timm(folder)(x))
     record_property("fp32_rel_err", error)
     assert error <= 1e-4, f"{arch}: max |Δlogit| / max |logit| = {error:.3g}"
 
 
-def test_smallest_model_keeps_top1_in_fp16_and_bf16(checkpoint, record_property):
-    folder = checkpoint(SMALLEST)
+def test_smallest_model_keeps_top1_in_fp16_and_bf16(timm_checkpoint, record_property):
+    folder = calibrated(timm_checkpoint(SMALLEST))  # statistics fitted to photos: see parity_extras
     photos = photos_for(folder)
     with torch.no_grad():
         expected = load_timm(folder)(photos)
@@ -45,12 +39,6 @@ def test_smallest_model_keeps_top1_in_fp16_and_bf16(checkpoint, record_property)
     record_property("parity", report)
     for precision, got in report.items():
         assert_top1_kept(got, precision)
-
-
-@pytest.fixture(scope="module")
-def lite0_timm_logits():
-    with torch.no_grad():
-        return load_timm(LITE0)(photos_for(LITE0))
 
 
 def test_real_lite0_weights_give_timms_top5_on_every_photo(record_property):
@@ -72,16 +60,18 @@ def test_real_lite0_weights_give_timms_top5_on_every_photo(record_property):
     record_property("max_top5_logit_delta", worst)
 
 
-@pytest.mark.parametrize("precision", ["fp16", "bf16"])
-def test_real_lite0_weights_keep_top1_in_low_precision(precision, lite0_timm_logits, record_property):
+def test_real_lite0_weights_keep_top1_in_fp16_and_bf16(record_property):
+    photos = photos_for(LITE0)
     with torch.no_grad():
-        got = low_precision_report(trtmc_module(LITE0, precision)(photos_for(LITE0)).float(), lite0_timm_logits)
-    record_property("parity", got)
-    assert got["agree"] == 22 and got["kl"] < 1e-3, f"{precision}: {got}"
+        expected = load_timm(LITE0)(photos)
+        report = {p: low_precision_report(trtmc_module(LITE0, p)(photos).float(), expected) for p in ("fp16", "bf16")}
+    record_property("parity", report)
+    for precision, got in report.items():
+        assert_top1_kept(got, precision)
 
 
-def test_bf16_graph_runs_every_convolution_and_linear_in_bf16(checkpoint):
-    _, graph = build_graph(Checkpoint(checkpoint("efficientnet_b0")), "bf16")
+def test_bf16_graph_runs_every_convolution_and_linear_in_bf16(timm_checkpoint):
+    _, graph = build_graph(Checkpoint(timm_checkpoint("efficientnet_b0")), "bf16")
     nodes = assign_precision(graph, PrecisionPolicy("bf16")).nodes
     math = [n for n in nodes if n.kind in (OpKind.CONV2D, OpKind.LINEAR, OpKind.MATMUL)]
     assert math and all(n.type.dtype.value == "bf16" for n in math), [str(n) for n in math if n.type.dtype.value != "bf16"]
@@ -108,8 +98,8 @@ def test_layout_comes_from_the_tensors(timm_checkpoint):
     """Stage strides come from the config; block classes, SE, widths and skips from the keys."""
     b0 = derive_layout(Checkpoint(timm_checkpoint("efficientnet_b0")), ARCHITECTURES["efficientnet_b0"])
     lite = derive_layout(Checkpoint(timm_checkpoint("tf_efficientnet_lite0")), ARCHITECTURES["tf_efficientnet_lite0"])
-    assert [b.stride for b in b0.blocks if b.stride == 2] == [2, 2, 2, 2]
-    assert b0.blocks[0].kind is BlockKind.DEPTHWISE_SEPARABLE and not b0.blocks[0].skip  # 32 -> 16
+    assert [b.prefix for b in b0.blocks if b.stride == 2] == ["blocks.1.0", "blocks.2.0", "blocks.3.0", "blocks.5.0"]
+    assert b0.blocks[0].kind is BlockKind.DEPTHWISE_SEPARABLE and not b0.blocks[0].skip  # 32 -> 16 channels
     assert all(b.kind is BlockKind.INVERTED_RESIDUAL for b in b0.blocks[1:])
     assert all(b.se for b in b0.blocks) and not any(b.se for b in lite.blocks)
     assert [b.prefix for b in b0.blocks if b.skip] == [
@@ -119,38 +109,41 @@ def test_layout_comes_from_the_tensors(timm_checkpoint):
     assert b0.head_width == lite.head_width == 1280
 
 
-def _rewrite(source, folder, edit):
+def _edited_copy(source, folder, edit):
     folder.mkdir()
     (folder / "config.json").write_text((source / "config.json").read_text())
     state = load_file(str(source / "model.safetensors"))
     edit(state)
     save_file(state, str(folder / "model.safetensors"))
-    return folder
+    return Checkpoint(folder)
 
 
-def _refuse_weight_reads(monkeypatch):
-    def read(self, name):
-        raise AssertionError(f"weights were read ({name}) before the layout was checked")
-
-    monkeypatch.setattr(Checkpoint, "tensor", read)
-
-
-def test_missing_key_is_refused_before_weights_load(timm_checkpoint, tmp_path, monkeypatch):
-    folder = _rewrite(timm_checkpoint("tf_efficientnet_lite0"), tmp_path / "lite0", lambda s: s.pop("blocks.2.1.bn2.running_var"))
-    _refuse_weight_reads(monkeypatch)
-    with pytest.raises(CheckpointError, match=r"tf_efficientnet_lite0: tensor 'blocks\.2\.1\.bn2\.running_var' is missing"):
-        build_graph(Checkpoint(folder))
+def test_missing_key_is_refused_before_weights_load(timm_checkpoint, tmp_path):
+    ckpt = _edited_copy(timm_checkpoint("tf_efficientnet_lite0"), tmp_path / "c", lambda s: s.pop("blocks.2.1.bn2.running_var"))
+    with pytest.raises(CheckpointError, match=r"tensor 'blocks\.2\.1\.bn2\.running_var' is missing for tf_efficientnet_lite0"):
+        build_graph(ckpt)
+    assert ckpt.reads == 0
 
 
-def test_wrong_width_is_refused_before_weights_load(timm_checkpoint, tmp_path, monkeypatch):
+def test_wrong_width_is_refused_before_weights_load(timm_checkpoint, tmp_path):
     def narrow(state):
         state["blocks.3.0.conv_pwl.weight"] = state["blocks.3.0.conv_pwl.weight"][:72].contiguous()
 
-    folder = _rewrite(timm_checkpoint("tf_efficientnet_lite0"), tmp_path / "lite0", narrow)
-    _refuse_weight_reads(monkeypatch)
+    ckpt = _edited_copy(timm_checkpoint("tf_efficientnet_lite0"), tmp_path / "c", narrow)
     # blocks.3.0 now writes 72 channels; blocks.3.1 still reads 80.
-    with pytest.raises(CheckpointError, match=r"blocks\.3\.1\.conv_pw\.weight has shape \(480, 80, 1, 1\), but the layer before it has 72"):
-        build_graph(Checkpoint(folder))
+    with pytest.raises(CheckpointError, match=r"'blocks\.3\.1\.conv_pw\.weight' has shape \(480, 80, 1, 1\); expected rank 4 with dim 1 = 72"):
+        build_graph(ckpt)
+    assert ckpt.reads == 0
+
+
+def test_a_module_the_layout_cannot_place_is_unsupported(timm_checkpoint, tmp_path):
+    def add_layer_scale(state):
+        state["blocks.1.1.layer_scale.gamma"] = torch.ones(24)
+
+    ckpt = _edited_copy(timm_checkpoint("tf_efficientnet_lite0"), tmp_path / "c", add_layer_scale)
+    with pytest.raises(UnsupportedModel, match=r"does not use: blocks\.1\.1\.layer_scale\.gamma \(24,\)"):
+        build_graph(ckpt)
+    assert ckpt.reads == 0
 
 
 def test_stage_grammar_rejects_unknown_tokens():

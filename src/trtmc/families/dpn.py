@@ -172,7 +172,9 @@ def derive_layout(ckpt: Checkpoint, config: DPNConfig) -> Layout:
 # ---- emission -------------------------------------------------------------------------------
 
 
-def _bn_act_conv(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str, config: DPNConfig, stride: int = 1) -> Tensor:
+def _bn_act_conv(
+    g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str, config: DPNConfig, stride: int = 1
+) -> Tensor:
     """timm's BnActConv2d: the norm and ReLU come before the convolution."""
     x = act(g, batch_norm(g, x, ckpt, f"{prefix}.bn", config.eps), config.act, f"{prefix}.bn.act")
     return conv(g, x, ckpt, f"{prefix}.conv", stride=stride)

@@ -14,8 +14,17 @@ from enum import Enum
 from ..checkpoint import Checkpoint, CheckpointError
 from ..graph import Activation, Graph
 from ..graph_builder import GraphBuilder, Tensor
-from . import Family, UnsupportedModel
-from ._parts import block_indices, classifier_head, conv_norm_act, image_input, squeeze_excite
+from . import Family
+from ._parts import (
+    block_indices,
+    classifier_head,
+    conv_norm_act,
+    expect_shape,
+    expect_tensors,
+    image_input,
+    norm_shapes,
+    squeeze_excite,
+)
 
 log = logging.getLogger(__name__)
 
@@ -110,61 +119,37 @@ _DISTINGUISHING = (
 )
 
 
-def conv_keys(conv: str, norm: str) -> list[str]:
-    """The tensors of a bias-free convolution and the batch norm after it."""
-    return [f"{conv}.weight"] + [f"{norm}.{leaf}" for leaf in ("weight", "bias", "running_mean", "running_var")]
-
-
-def block_keys(block: BlockSpec) -> list[str]:
-    p = block.prefix
-    keys = [key for conv, norm in _CONVS[block.kind] for key in conv_keys(f"{p}.{conv}", f"{p}.{norm}")]
-    if block.se:
-        keys += [f"{p}.se.{conv}.{leaf}" for conv in ("conv_reduce", "conv_expand") for leaf in ("weight", "bias")]
-    return keys
-
-
-def require(ckpt: Checkpoint, names: set[str], keys: list[str]) -> None:
-    """Refuse a checkpoint that lacks one of `keys`, naming the first missing one."""
-    for key in keys:
-        if key not in names:
-            raise CheckpointError(f"{ckpt.config.architecture}: tensor {key!r} is missing from {ckpt.weights_path}")
-
-
-def require_only(ckpt: Checkpoint, names: set[str], keys: list[str]) -> None:
-    """Refuse tensors the layout has no place for: a module the graph would silently skip."""
-    extra = sorted(names - set(keys))
-    if extra:
-        raise UnsupportedModel(
-            f"{ckpt.config.architecture}: tensor {extra[0]!r} {ckpt.shape(extra[0])} has no place in the layout "
-            f"derived from this checkpoint ({len(extra)} such tensors); variants with extra modules "
-            "(space-to-depth, layer scale, a norm after conv_head) are not supported"
-        )
-
-
-def require_width(ckpt: Checkpoint, key: str, axis: int, want: int, what: str) -> None:
-    shape = ckpt.shape(key)
-    if len(shape) != 4 or shape[axis] != want:
-        raise CheckpointError(f"{ckpt.config.architecture}: {key} has shape {shape}, but {what} has {want} channels")
-
-
-def _derive_block(ckpt: Checkpoint, names: set[str], prefix: str, width: int, stride: int, act: Activation) -> BlockSpec:
-    name = ckpt.config.architecture
-    kind = next((k for k, conv in _DISTINGUISHING if f"{prefix}.{conv}.weight" in names), None)
+def _derive_block(
+    ckpt: Checkpoint, prefix: str, width: int, stride: int, act: Activation, expected: dict[str, tuple[int, ...]]
+) -> BlockSpec:
+    """One block from its keys and shapes; adds every tensor it uses to `expected`."""
+    kind = next((k for k, conv in _DISTINGUISHING if f"{prefix}.{conv}.weight" in ckpt), None)
     if kind is None:
-        raise CheckpointError(f"{name}: {prefix} holds none of conv_pwl, conv_dw or conv weights, so it is no timm block")
-    se = f"{prefix}.se.conv_reduce.weight" in names
-    in_width = width
-    # Each convolution reads the width the one before it wrote; a depthwise one keeps its width
-    # (its weight is [channels, 1, k, k]), so its output axis holds the width it reads.
-    for conv, _ in _CONVS[kind]:
+        raise CheckpointError(
+            f"{ckpt.config.architecture}: {prefix} holds none of conv_pwl, conv_dw or conv weights, so it is no timm block"
+        )
+    in_width, se_width = width, None
+    for conv, norm in _CONVS[kind]:
         key = f"{prefix}.{conv}.weight"
-        require(ckpt, names, [key])
+        # Each convolution reads the width the one before it wrote; a depthwise one keeps its width
+        # (its weight is [channels, 1, k, k]). Squeeze-excite sits right after it, at that width.
         depthwise = conv == "conv_dw"
-        if depthwise and ckpt.shape(key)[1] != 1:
-            raise CheckpointError(f"{name}: {key} has shape {ckpt.shape(key)}; a depthwise convolution reads one channel per group")
-        require_width(ckpt, key, 0 if depthwise else 1, width, "the layer before it")
-        width = ckpt.shape(key)[0]
-    block = BlockSpec(
+        expected[key] = expect_shape(ckpt, key, rank=4, dims={0: width, 1: 1} if depthwise else {1: width})
+        width = expected[key][0]
+        se_width = width if depthwise else se_width
+        expected.update(norm_shapes(f"{prefix}.{norm}", width))
+    # A ConvBnAct has no place for SE; tensors of one there are refused as unknown by expect_tensors.
+    se = se_width is not None and f"{prefix}.se.conv_reduce.weight" in ckpt
+    if se:
+        reduce = expect_shape(ckpt, f"{prefix}.se.conv_reduce.weight", rank=4, dims={1: se_width, 2: 1, 3: 1})
+        rd = reduce[0]  # timm rounds the SE width per network; the tensor states it
+        expected.update({
+            f"{prefix}.se.conv_reduce.weight": reduce,
+            f"{prefix}.se.conv_reduce.bias": (rd,),
+            f"{prefix}.se.conv_expand.weight": (se_width, rd, 1, 1),
+            f"{prefix}.se.conv_expand.bias": (se_width,),
+        })
+    return BlockSpec(
         prefix=prefix,
         kind=kind,
         stride=stride,
@@ -176,11 +161,11 @@ def _derive_block(ckpt: Checkpoint, names: set[str], prefix: str, width: int, st
         in_width=in_width,
         out_width=width,
     )
-    require(ckpt, names, block_keys(block))
-    return block
 
 
-def derive_blocks(ckpt: Checkpoint, arch: ArchConfig, in_width: int) -> tuple[BlockSpec, ...]:
+def _derive_blocks(
+    ckpt: Checkpoint, arch: ArchConfig, in_width: int, expected: dict[str, tuple[int, ...]]
+) -> tuple[BlockSpec, ...]:
     """Every block of `blocks.<stage>.<block>`: class from its keys, widths from its shapes.
 
     Only the stride and activation of a stage come from `arch.stages`. The widths must chain from
@@ -188,7 +173,6 @@ def derive_blocks(ckpt: Checkpoint, arch: ArchConfig, in_width: int) -> tuple[Bl
     any weight is read.
     """
     name = ckpt.config.architecture
-    names = set(ckpt.names)
     found = block_indices(ckpt, r"^blocks\.(\d+)\.(\d+)\.")
     stages = sorted({stage for stage, _ in found})
     if stages != list(range(len(arch.stages))):
@@ -204,37 +188,27 @@ def derive_blocks(ckpt: Checkpoint, arch: ArchConfig, in_width: int) -> tuple[Bl
         for index in depth:
             width = blocks[-1].out_width if blocks else in_width
             stride = spec.stride if index == 0 else 1
-            blocks.append(_derive_block(ckpt, names, f"blocks.{stage}.{index}", width, stride, spec.act or arch.act))
+            act = spec.act or arch.act
+            blocks.append(_derive_block(ckpt, f"blocks.{stage}.{index}", width, stride, act, expected))
     return tuple(blocks)
 
 
-def require_classifier(ckpt: Checkpoint, names: set[str], width: int) -> None:
-    require(ckpt, names, ["classifier.weight", "classifier.bias"])
-    shape = ckpt.shape("classifier.weight")
-    if shape != (ckpt.config.num_classes, width):
-        raise CheckpointError(
-            f"{ckpt.config.architecture}: classifier.weight has shape {shape}, expected "
-            f"({ckpt.config.num_classes}, {width}) for num_classes={ckpt.config.num_classes} "
-            f"after a {width}-channel head"
-        )
+def derive_layout(ckpt: Checkpoint, arch: ArchConfig, *, head_norm: bool = True) -> Layout:
+    """Stem, blocks and head from names and shapes; every tensor must have its place in them.
 
-
-# EfficientNet's head: a 1x1 conv_head, batch norm and activation before pooling.
-_HEAD = tuple(conv_keys("conv_head", "bn2"))
-
-
-def derive_layout(ckpt: Checkpoint, arch: ArchConfig, head: tuple[str, ...] = _HEAD) -> Layout:
-    """Stem, blocks and head from the checkpoint; every tensor must have its place in them."""
-    names = set(ckpt.names)
-    stem = conv_keys("conv_stem", "bn1")
-    require(ckpt, names, stem + list(head))
-    blocks = derive_blocks(ckpt, arch, ckpt.shape("conv_stem.weight")[0])
-    require_width(ckpt, "conv_head.weight", 1, blocks[-1].out_width, blocks[-1].prefix)
-    head_width = ckpt.shape("conv_head.weight")[0]
-    require_classifier(ckpt, names, head_width)
-    body = [key for block in blocks for key in block_keys(block)]
-    require_only(ckpt, names, stem + body + list(head) + ["classifier.weight", "classifier.bias"])
-    return Layout(blocks, head_width)
+    `head_norm` (timm's name): EfficientNet follows conv_head with batch norm; MobileNetV3's
+    conv_head has a bias instead.
+    """
+    stem = expect_shape(ckpt, "conv_stem.weight", rank=4, dims={1: ckpt.config.pretrained.input_size[0]})
+    expected = {"conv_stem.weight": stem, **norm_shapes("bn1", stem[0])}
+    blocks = _derive_blocks(ckpt, arch, stem[0], expected)
+    head = expect_shape(ckpt, "conv_head.weight", rank=4, dims={1: blocks[-1].out_width, 2: 1, 3: 1})
+    expected["conv_head.weight"] = head
+    expected.update(norm_shapes("bn2", head[0]) if head_norm else {"conv_head.bias": (head[0],)})
+    classes = ckpt.config.num_classes
+    expected.update({"classifier.weight": (classes, head[0]), "classifier.bias": (classes,)})
+    expect_tensors(ckpt, expected)
+    return Layout(blocks, head[0])
 
 
 # ---- emission ---------------------------------------------------------------------------------

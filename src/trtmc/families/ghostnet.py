@@ -94,7 +94,9 @@ def _ghost_spec(ckpt: Checkpoint, expected: dict, prefix: str, in_chs: int, widt
     return GhostSpec(prefix, width)
 
 
-def _bottleneck_spec(ckpt: Checkpoint, expected: dict, prefix: str, in_chs: int, config: GhostNetConfig) -> BottleneckSpec:
+def _bottleneck_spec(
+    ckpt: Checkpoint, expected: dict, prefix: str, in_chs: int, config: GhostNetConfig
+) -> BottleneckSpec:
     arch = ckpt.config.architecture
     # ghost2 reads the mid width that ghost1 makes and conv_dw and the SE keep.
     mid = expect_shape(ckpt, f"{prefix}.ghost2.primary_conv.0.weight", rank=4)[1]
@@ -102,7 +104,8 @@ def _bottleneck_spec(ckpt: Checkpoint, expected: dict, prefix: str, in_chs: int,
     stride = 1
     if f"{prefix}.conv_dw.weight" in ckpt:
         stride = config.downsample_stride
-        expected[f"{prefix}.conv_dw.weight"] = expect_shape(ckpt, f"{prefix}.conv_dw.weight", rank=4, dims={0: mid, 1: 1})
+        kernel = expect_shape(ckpt, f"{prefix}.conv_dw.weight", rank=4, dims={0: mid, 1: 1})
+        expected[f"{prefix}.conv_dw.weight"] = kernel
         expected.update(norm_shapes(f"{prefix}.bn_dw", mid))
     has_se = f"{prefix}.se.conv_reduce.weight" in ckpt
     if has_se:

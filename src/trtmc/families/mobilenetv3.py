@@ -18,12 +18,9 @@ from .efficientnet import TF_EPS, ArchConfig, Layout, decode_stages, emit_block,
 
 log = logging.getLogger(__name__)
 
-# timm's MobileNetV3 head (head_norm=False): conv_head has a bias and no norm after it.
-_HEAD = ("conv_head.weight", "conv_head.bias")
-
-
 def derive_layout(ckpt: Checkpoint, arch: ArchConfig) -> Layout:
-    return efficientnet.derive_layout(ckpt, arch, head=_HEAD)
+    # timm's MobileNetV3 head (head_norm=False): conv_head has a bias and no norm after it.
+    return efficientnet.derive_layout(ckpt, arch, head_norm=False)
 
 
 def emit(ckpt: Checkpoint, layout: Layout, arch: ArchConfig) -> Graph:
