@@ -1,0 +1,83 @@
+"""Where the CUDA inductor engine's time goes: per-kernel times from the profiler, by kind.
+
+Compiles trtmc's fp16 graph of ARCH (random weights, channels-last, as the engine does) at BATCH,
+profiles 20 un-graphed calls and sums CUDA kernel time per kernel and per kind (cuDNN/cuBLAS
+convolutions and matrix products, Triton kernels Inductor generated, other).
+
+    PYTHONPATH=src python tools/kernel_profile.py ARCH BATCH OUT.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RUNS = 20
+
+
+def kind_of(name: str) -> str:
+    if name.startswith("triton_"):
+        return "triton (inductor)"
+    lowered = name.lower()
+    if any(k in lowered for k in ("conv", "cudnn", "implicit", "dgrad", "xmma", "nhwc", "nchw")):
+        return "cudnn convolution"
+    if any(k in lowered for k in ("gemm", "cublas", "cutlass", "sm90_", "ampere_")):
+        return "cublas/cutlass matmul"
+    return "other"
+
+
+def main() -> None:
+    arch, batch, out = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    sys.path.insert(0, str(REPO / "tests"))
+    from support import save_timm_checkpoint
+
+    from trtmc.backends.inductor import _compile_cuda, _example
+    from trtmc.checkpoint import Checkpoint
+    from trtmc.families import build_graph
+    from trtmc.passes.fold_batch_norm import fold_batch_norm
+    from trtmc.passes.precision import PrecisionPolicy, assign_precision
+
+    folder = save_timm_checkpoint(arch, Path("/tmp/kernel_profile") / f"{arch}-{batch}")
+    _, graph = build_graph(Checkpoint(folder), "fp16")
+    graph = assign_precision(fold_batch_norm(graph), PrecisionPolicy("fp16"))
+    compiled = _compile_cuda(graph)
+    x = _example(graph, batch, "cuda")
+    with torch.no_grad():
+        for _ in range(3):
+            compiled(x)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(RUNS):
+                compiled(x)
+            torch.cuda.synchronize()
+    per_kernel: dict[str, list[float]] = defaultdict(list)
+    for e in prof.events():
+        if e.device_type.name == "CUDA" and not e.name.startswith(("Memcpy", "Memset")):
+            per_kernel[e.name].append(e.time_range.elapsed_us())
+    kinds: dict[str, dict[str, float]] = defaultdict(lambda: {"kernels_per_call": 0, "us_per_call": 0.0})
+    for name, times in per_kernel.items():
+        k = kinds[kind_of(name)]
+        k["kernels_per_call"] += len(times) / RUNS
+        k["us_per_call"] += sum(times) / RUNS
+    top = sorted(per_kernel.items(), key=lambda kv: -sum(kv[1]))[:12]
+    result = {
+        "arch": arch,
+        "batch": batch,
+        "kernels_per_call": sum(len(t) for t in per_kernel.values()) / RUNS,
+        "kernel_us_per_call": sum(sum(t) for t in per_kernel.values()) / RUNS,
+        "by_kind": {k: {"kernels_per_call": round(v["kernels_per_call"], 1), "us_per_call": round(v["us_per_call"], 1)}
+                    for k, v in kinds.items()},
+        "top_kernels": [{"name": n[:90], "calls_per_run": len(t) / RUNS, "us_per_run": round(sum(t) / RUNS, 1)} for n, t in top],
+    }
+    out.write_text(json.dumps(result, indent=1))
+    print(json.dumps({k: result[k] for k in ("arch", "batch", "kernels_per_call", "kernel_us_per_call", "by_kind")}))
+
+
+if __name__ == "__main__":
+    main()
