@@ -95,3 +95,24 @@ def test_bf16_graph_has_no_fp32_or_fp16_convolution():
     typed = assign_precision(graph, PrecisionPolicy("bf16"))
     convs = [n for n in typed.nodes if n.kind is OpKind.CONV2D]
     assert len(convs) == 49 and {n.type.dtype for n in convs} == {DType.BF16}
+
+
+def test_bundle_with_a_plan_and_an_inductor_engine_falls_back_with_one_line(lite0_bundle, tmp_path, caplog):
+    both = tmp_path / "both.bundle"
+    run_cli("build", LITE0_IN_REPO, "-o", both, "--backend", "tensorrt", "--add-engines-from", lite0_bundle, "-q")
+    keys = [e["key"] for e in read_bundle(both).engines]
+    assert keys == ["tensorrt-cuda-fp32", "inductor-cpu-fp32"]
+    result = run_cli("classify", both, "--image", "examples/images/chelsea.png", "--top-k", "1")
+    assert "tiger cat" in result.stdout
+    # The CLI prints the runtime's warning as one "trtmc: ..." line; pytest captures the log record.
+    (line,) = [r.getMessage() for r in caplog.records if "cannot run here" in r.getMessage()]
+    assert "tensorrt-cuda-fp32" in line and "using inductor-cpu-fp32 instead" in line
+    forced = run_cli("classify", both, "--image", "examples/images/chelsea.png", "--engine", "tensorrt", check=False)
+    assert forced.returncode == 1 and "TensorRT plans run only on a CUDA GPU" in forced.stderr
+
+
+def test_engines_from_another_precision_are_refused(lite0_bundle, tmp_path):
+    result = run_cli("build", LITE0_IN_REPO, "-o", tmp_path / "x.bundle", "--backend", "tensorrt",
+                     "--precision", "fp16", "--add-engines-from", lite0_bundle, "-q", check=False)
+    assert result.returncode == 1 and "its graph differs from this build's" in result.stderr
+    assert not (tmp_path / "x.bundle").exists()

@@ -36,3 +36,29 @@ def test_tensorrt_plan_builds_in_every_precision_and_the_manifest_records_it(arc
             # Strongly typed: every convolution runs in the requested precision.
             assert set(convs) == {DTYPE[precision]}, convs
         out.unlink()  # large plans: keep the CI disk small
+
+
+def test_broken_network_fails_the_build_with_the_tensorrt_error_and_leaves_no_bundle(tmp_path, monkeypatch):
+    import numpy as np
+
+    import trtmc.build
+    from trtmc.backends.tensorrt import TensorRTBuildError
+    from trtmc.families import find_family
+    from trtmc.graph import Conv2dAttrs, DType, Graph, InputAttrs, Node, OpKind, TensorType
+
+    from conftest import LITE0_IN_REPO
+
+    # A graph GraphBuilder would refuse: the convolution's weight wants 5 input channels, the image
+    # has 3. Only TensorRT can object, and the build must surface its words and write nothing.
+    nodes = [
+        Node("pixels", OpKind.INPUT, (), InputAttrs(), TensorType((1, 3, 224, 224), DType.F32), "pixels"),
+        Node("conv_stem", OpKind.CONV2D, ("pixels",), Conv2dAttrs("conv_stem.weight", None, (2, 2), (1, 1, 1, 1), (1, 1), 1),
+             TensorType((1, 4, 112, 112), DType.F32), "conv_stem"),
+    ]
+    broken = Graph(nodes=nodes, weights={"conv_stem.weight": np.ones((4, 5, 3, 3), np.float32)}, outputs=["conv_stem"])
+    family, _ = find_family("tf_efficientnet_lite0")
+    monkeypatch.setattr(trtmc.build, "build_graph", lambda checkpoint, precision: (family, broken))
+    out = tmp_path / "broken.bundle"
+    with pytest.raises(TensorRTBuildError, match="kernel weights has count 180 but 108 was expected"):
+        build_bundle(BuildRequest(model=str(LITE0_IN_REPO), output=out, backends=("tensorrt",)), progress=lambda m: None)
+    assert not out.exists() and list(tmp_path.iterdir()) == []
