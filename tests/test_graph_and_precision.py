@@ -130,3 +130,12 @@ def test_asymmetric_average_pooling_without_pad_counting_divides_by_real_windows
     module = GraphModule(assign_precision(g.finish(), PrecisionPolicy("fp32")))
     out = module(torch.ones(1, 1, 3, 3))
     assert out.shape == (1, 1, 2, 2) and torch.allclose(out, torch.ones_like(out))
+
+
+def test_cpu_reference_half_convolutions_round_like_native_ones():
+    graph = assign_precision(small_net(), PrecisionPolicy("bf16"))
+    x = torch.randn(2, 3, 16, 16)
+    native = GraphModule(graph)(x)
+    via_fp32 = GraphModule(graph, half_convolutions_in_fp32=True)(x)
+    assert native.dtype == via_fp32.dtype == torch.float32
+    assert torch.allclose(native, via_fp32, rtol=2e-2, atol=2e-2 * float(native.abs().max()))
