@@ -18,7 +18,7 @@ DTYPE = {"fp32": "f32", "fp16": "f16", "bf16": "bf16"}
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
-def test_tensorrt_plan_builds_in_every_precision_and_the_manifest_records_it(arch, timm_checkpoint, tmp_path):
+def test_tensorrt_plan_builds_in_every_precision_and_the_manifest_records_it(arch, timm_checkpoint, tmp_path, record_property):
     folder = timm_checkpoint(arch)
     for precision in ("fp32", "fp16", "bf16"):
         out = tmp_path / f"{arch}-{precision}.bundle"
@@ -31,6 +31,7 @@ def test_tensorrt_plan_builds_in_every_precision_and_the_manifest_records_it(arc
         assert record["builder"] in ("tensorrt", "tensorrt_rtx") and record["builder_version"]
         assert record["network_layers"] > 10
         assert record["plan_bytes"] == bundle.manifest["members"][f"engines/{engine['key']}/engine.plan"]["size"] > 0
+        record_property(f"{precision}_plan", {k: record[k] for k in ("network_layers", "plan_bytes", "build_seconds")})
         convs = record["layer_precisions"].get("CONVOLUTION", {})
         if convs:
             # Strongly typed: every convolution runs in the requested precision.
