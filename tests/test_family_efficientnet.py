@@ -1,4 +1,8 @@
-"""EfficientNet, EfficientNet-Lite and MobileNetV2 against timm, and the real Lite0 weights on photos."""
+"""EfficientNet, EfficientNet-Lite and MobileNetV2: the real Lite0 weights on photos, TF padding and eps,
+layout from the tensors, refusals before weights load.
+
+Checks every family shares: test_parity_every_architecture.py, test_refusals_every_family.py.
+"""
 
 from __future__ import annotations
 
@@ -7,38 +11,24 @@ import json
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
-from parity_extras import assert_top1_kept, calibrated, low_precision_report
-from support import LITE0, REFERENCE, load_timm, photos_for, random_pixels, relative_error, trtmc_module
+from support import (
+    LITE0,
+    REFERENCE,
+    assert_keeps_top1,
+    assert_refused_before_weights_load,
+    check_parity,
+    photos_for,
+    rewritten_checkpoint,
+    trtmc_module,
+)
 from trtmc.checkpoint import Checkpoint, CheckpointError
-from trtmc.families import UnsupportedModel, build_graph
+from trtmc.families import UnsupportedModel
 from trtmc.families.efficientnet import ARCHITECTURES, FAMILY, TF_EPS, TIMM_EPS, BlockKind, decode_stages, derive_layout
-from trtmc.graph import OpKind
-from trtmc.passes.precision import PrecisionPolicy, assign_precision
 
-SMALLEST = "mobilenetv2_100"
-
-
-@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
-def test_fp32_logits_match_timm(arch, timm_checkpoint, record_property):
-    folder = timm_checkpoint(arch)
-    x = random_pixels(folder, batch=1)
-    with torch.no_grad():
-        error = relative_error(trtmc_module(folder)(x), load_timm(folder)(x))
-    record_property("fp32_rel_err", error)
-    assert error <= 1e-4, f"{arch}: max |Δlogit| / max |logit| = {error:.3g}"
-
-
-def test_smallest_model_keeps_top1_in_fp16_and_bf16(timm_checkpoint, record_property):
-    folder = calibrated(timm_checkpoint(SMALLEST))  # statistics fitted to photos: see parity_extras
-    photos = photos_for(folder)
-    with torch.no_grad():
-        expected = load_timm(folder)(photos)
-        report = {p: low_precision_report(trtmc_module(folder, p)(photos).float(), expected) for p in ("fp16", "bf16")}
-    record_property("parity", report)
-    for precision, got in report.items():
-        assert_top1_kept(got, precision)
+# bf16 keeps 8 mantissa bits: on the real Lite0 weights timm's own bf16 model reaches KL 1.1e-3 (and
+# flips 1 of 22 photos), trtmc's bf16 graph 1.5e-3 (none).
+REAL_LITE0_MAX_KL = {"fp16": 1e-3, "bf16": 5e-3}
 
 
 def test_real_lite0_weights_give_timms_top5_on_every_photo(record_property):
@@ -61,20 +51,11 @@ def test_real_lite0_weights_give_timms_top5_on_every_photo(record_property):
 
 
 def test_real_lite0_weights_keep_top1_in_fp16_and_bf16(record_property):
-    photos = photos_for(LITE0)
-    with torch.no_grad():
-        expected = load_timm(LITE0)(photos)
-        report = {p: low_precision_report(trtmc_module(LITE0, p)(photos).float(), expected) for p in ("fp16", "bf16")}
+    report = check_parity(LITE0)
     record_property("parity", report)
-    for precision, got in report.items():
-        assert_top1_kept(got, precision)
-
-
-def test_bf16_graph_runs_every_convolution_and_linear_in_bf16(timm_checkpoint):
-    _, graph = build_graph(Checkpoint(timm_checkpoint("efficientnet_b0")), "bf16")
-    nodes = assign_precision(graph, PrecisionPolicy("bf16")).nodes
-    math = [n for n in nodes if n.kind in (OpKind.CONV2D, OpKind.LINEAR, OpKind.MATMUL)]
-    assert math and all(n.type.dtype.value == "bf16" for n in math), [str(n) for n in math if n.type.dtype.value != "bf16"]
+    assert report["fp32_rel_err"] <= 1e-4, report
+    # A photo between two of the 1000 trained classes may swap under any rounding, timm's own included.
+    assert_keeps_top1(report, REAL_LITE0_MAX_KL, near_ties=1)
 
 
 def test_tf_variant_pads_same_and_uses_eps_1e3(timm_checkpoint):
@@ -109,41 +90,26 @@ def test_layout_comes_from_the_tensors(timm_checkpoint):
     assert b0.head_width == lite.head_width == 1280
 
 
-def _edited_copy(source, folder, edit):
-    folder.mkdir()
-    (folder / "config.json").write_text((source / "config.json").read_text())
-    state = load_file(str(source / "model.safetensors"))
-    edit(state)
-    save_file(state, str(folder / "model.safetensors"))
-    return Checkpoint(folder)
-
-
-def test_missing_key_is_refused_before_weights_load(timm_checkpoint, tmp_path):
-    ckpt = _edited_copy(timm_checkpoint("tf_efficientnet_lite0"), tmp_path / "c", lambda s: s.pop("blocks.2.1.bn2.running_var"))
-    with pytest.raises(CheckpointError, match=r"tensor 'blocks\.2\.1\.bn2\.running_var' is missing for tf_efficientnet_lite0"):
-        build_graph(ckpt)
-    assert ckpt.reads == 0
-
-
-def test_wrong_width_is_refused_before_weights_load(timm_checkpoint, tmp_path):
+def test_wrong_width_is_refused_before_weights_load(timm_checkpoint, tmp_path, monkeypatch):
     def narrow(state):
-        state["blocks.3.0.conv_pwl.weight"] = state["blocks.3.0.conv_pwl.weight"][:72].contiguous()
+        state["blocks.3.0.conv_pwl.weight"] = state["blocks.3.0.conv_pwl.weight"][:72]
 
-    ckpt = _edited_copy(timm_checkpoint("tf_efficientnet_lite0"), tmp_path / "c", narrow)
+    folder = rewritten_checkpoint(timm_checkpoint("tf_efficientnet_lite0"), tmp_path / "c", narrow)
     # blocks.3.0 now writes 72 channels; blocks.3.1 still reads 80.
-    with pytest.raises(CheckpointError, match=r"'blocks\.3\.1\.conv_pw\.weight' has shape \(480, 80, 1, 1\); expected rank 4 with dim 1 = 72"):
-        build_graph(ckpt)
-    assert ckpt.reads == 0
+    assert_refused_before_weights_load(
+        folder, monkeypatch, CheckpointError,
+        r"'blocks\.3\.1\.conv_pw\.weight' has shape \(480, 80, 1, 1\); expected rank 4 with dim 1 = 72",
+    )
 
 
-def test_a_module_the_layout_cannot_place_is_unsupported(timm_checkpoint, tmp_path):
+def test_a_module_the_layout_cannot_place_is_unsupported(timm_checkpoint, tmp_path, monkeypatch):
     def add_layer_scale(state):
         state["blocks.1.1.layer_scale.gamma"] = torch.ones(24)
 
-    ckpt = _edited_copy(timm_checkpoint("tf_efficientnet_lite0"), tmp_path / "c", add_layer_scale)
-    with pytest.raises(UnsupportedModel, match=r"does not use: blocks\.1\.1\.layer_scale\.gamma \(24,\)"):
-        build_graph(ckpt)
-    assert ckpt.reads == 0
+    folder = rewritten_checkpoint(timm_checkpoint("tf_efficientnet_lite0"), tmp_path / "c", add_layer_scale)
+    assert_refused_before_weights_load(
+        folder, monkeypatch, UnsupportedModel, r"does not use: blocks\.1\.1\.layer_scale\.gamma \(24,\)"
+    )
 
 
 def test_stage_grammar_rejects_unknown_tokens():

@@ -1,51 +1,31 @@
-"""EfficientViT-B: parity with timm, the attention's fp32 island in fp16 builds, refusals before weights load."""
+"""EfficientViT-B: attention heads from the tensors, the attention's fp32 island in fp16 builds, refusals
+before weights load.
+
+Checks every family shares: test_parity_every_architecture.py, test_refusals_every_family.py.
+"""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from support import (
     TIE_MARGIN,
-    check_parity,
+    assert_refused_before_weights_load,
     flip_margins,
     forbid_weight_reads,
     load_timm,
     photos_for,
-    random_pixels,
     relative_error,
     rewritten_checkpoint,
-    trtmc_module,
 )
 from trtmc.backends.torch_lowering import GraphModule
 from trtmc.checkpoint import Checkpoint, CheckpointError
 from trtmc.families import build_graph
 from trtmc.families.efficientvit import FAMILY, AttentionBlock, derive_layout
-from trtmc.graph import DType, OpKind
+from trtmc.graph import DType
 from trtmc.passes.precision import PrecisionPolicy, assign_precision
 
 SMALLEST = "efficientvit_b0"
-
-
-def test_b0_matches_timm_in_fp32_and_agrees_in_fp16_and_bf16(timm_checkpoint, record_property):
-    report = check_parity(timm_checkpoint(SMALLEST))
-    record_property("parity", report)
-    assert report["fp32_rel_err"] <= 1e-4, report
-    for precision in ("fp16", "bf16"):
-        result = report[precision]
-        assert result["finite"] and result["kl"] < 1e-3, (precision, result)
-        # Random weights leave near-ties among the logits; only those may flip.
-        assert all(m < TIE_MARGIN[precision] for m in result["flip_margins"]), (precision, result)
-
-
-@pytest.mark.parametrize("arch", ["efficientvit_b1", "efficientvit_b2"])
-def test_variant_matches_timm_in_fp32(timm_checkpoint, arch, record_property):
-    folder = timm_checkpoint(arch)
-    x = random_pixels(folder, batch=1)
-    with torch.no_grad():
-        error = relative_error(trtmc_module(folder)(x), load_timm(folder)(x))
-    record_property("fp32_rel_err", error)
-    assert error <= 1e-4
 
 
 def test_layout_reads_attention_heads_from_the_aggregation_convs(timm_checkpoint, monkeypatch):
@@ -100,20 +80,11 @@ def test_fp16_marks_the_attention_division_and_its_operands_fp32(timm_checkpoint
     assert typed[f"{main}.qkv.conv"].type.dtype is DType.F16
 
 
-def test_bf16_graph_has_no_fp32_or_fp16_convolution_or_matmul(timm_checkpoint):
-    _, graph = build_graph(Checkpoint(timm_checkpoint(SMALLEST)), "bf16")
-    typed = assign_precision(graph, PrecisionPolicy("bf16"))
-    math = [n for n in typed.nodes if n.kind in (OpKind.CONV2D, OpKind.MATMUL, OpKind.LINEAR)]
-    assert math and all(n.type.dtype is DType.BF16 for n in math)
-
-
 def test_inconsistent_head_width_is_refused_before_weights_load(timm_checkpoint, tmp_path, monkeypatch):
     def regroup(state):
         name = "stages.3.blocks.1.context_module.main.aggreg.0.1.weight"
         state[name] = state[name][:, :12]  # 12-wide groups cannot split the 384 qkv channels into heads
 
     folder = rewritten_checkpoint(timm_checkpoint(SMALLEST), tmp_path / "bad", regroup)
-    forbid_weight_reads(monkeypatch)
     qkv = r"stages\.3\.blocks\.1\.context_module\.main\.qkv\.conv\.weight"
-    with pytest.raises(CheckpointError, match=qkv + r".*heads of 12"):
-        build_graph(Checkpoint(folder))
+    assert_refused_before_weights_load(folder, monkeypatch, CheckpointError, qkv + r".*heads of 12")

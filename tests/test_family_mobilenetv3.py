@@ -1,48 +1,16 @@
-"""MobileNetV3 small/large (timm-native and TF port) against timm."""
+"""MobileNetV3 small/large (timm-native and TF port): activations and SE gates, TF padding and eps,
+refusals before weights load.
+
+Checks every family shares: test_parity_every_architecture.py, test_refusals_every_family.py.
+"""
 
 from __future__ import annotations
 
-import pytest
-import torch
-
-from parity_extras import assert_top1_kept, calibrated, low_precision_report
-from support import load_timm, photos_for, random_pixels, relative_error, trtmc_module
+from support import assert_refused_before_weights_load, reconfigured_checkpoint
 from trtmc.checkpoint import Checkpoint, CheckpointError
-from trtmc.families import build_graph
 from trtmc.families.efficientnet import TF_EPS, BlockKind
 from trtmc.families.mobilenetv3 import ARCHITECTURES, FAMILY, derive_layout
-from trtmc.graph import Activation, OpKind
-from trtmc.passes.precision import PrecisionPolicy, assign_precision
-
-SMALLEST = "mobilenetv3_small_100"
-
-
-@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
-def test_fp32_logits_match_timm(arch, timm_checkpoint, record_property):
-    folder = timm_checkpoint(arch)
-    x = random_pixels(folder, batch=1)
-    with torch.no_grad():
-        error = relative_error(trtmc_module(folder)(x), load_timm(folder)(x))
-    record_property("fp32_rel_err", error)
-    assert error <= 1e-4, f"{arch}: max |Δlogit| / max |logit| = {error:.3g}"
-
-
-def test_smallest_model_keeps_top1_in_fp16_and_bf16(timm_checkpoint, record_property):
-    folder = calibrated(timm_checkpoint(SMALLEST))  # statistics fitted to photos: see parity_extras
-    photos = photos_for(folder)
-    with torch.no_grad():
-        expected = load_timm(folder)(photos)
-        report = {p: low_precision_report(trtmc_module(folder, p)(photos).float(), expected) for p in ("fp16", "bf16")}
-    record_property("parity", report)
-    for precision, got in report.items():
-        assert_top1_kept(got, precision)
-
-
-def test_bf16_graph_runs_every_convolution_and_linear_in_bf16(timm_checkpoint):
-    _, graph = build_graph(Checkpoint(timm_checkpoint(SMALLEST)), "bf16")
-    nodes = assign_precision(graph, PrecisionPolicy("bf16")).nodes
-    math = [n for n in nodes if n.kind in (OpKind.CONV2D, OpKind.LINEAR, OpKind.MATMUL)]
-    assert math and all(n.type.dtype.value == "bf16" for n in math), [str(n) for n in math if n.type.dtype.value != "bf16"]
+from trtmc.graph import Activation
 
 
 def test_early_stages_use_relu_and_se_gates_with_hard_sigmoid(timm_checkpoint):
@@ -68,13 +36,11 @@ def test_tf_variant_pads_same_and_uses_eps_1e3(timm_checkpoint):
     assert graph.node("blocks.2.0.conv_dw").attrs.padding == (1, 1, 2, 2)  # 5x5 stride 2 on 56x56
 
 
-def test_large_tensors_under_a_small_name_are_refused_before_weights_load(timm_checkpoint, tmp_path):
-    large = timm_checkpoint("mobilenetv3_large_100")
-    folder = tmp_path / "mislabelled"
-    folder.mkdir()
-    (folder / "model.safetensors").symlink_to(large / "model.safetensors")
-    (folder / "config.json").write_text((large / "config.json").read_text().replace("mobilenetv3_large_100", "mobilenetv3_small_100"))
-    ckpt = Checkpoint(folder)
-    with pytest.raises(CheckpointError, match=r"mobilenetv3_small_100: the checkpoint has blocks\.<stage> indices \[0, 1, 2, 3, 4, 5, 6\], but mobilenetv3_small_100 has 6 stages"):
-        build_graph(ckpt)
-    assert ckpt.reads == 0
+def test_large_tensors_under_a_small_name_are_refused_before_weights_load(timm_checkpoint, tmp_path, monkeypatch):
+    folder = reconfigured_checkpoint(
+        timm_checkpoint("mobilenetv3_large_100"), tmp_path / "mislabelled", architecture="mobilenetv3_small_100"
+    )
+    assert_refused_before_weights_load(
+        folder, monkeypatch, CheckpointError,
+        r"mobilenetv3_small_100: the checkpoint has blocks\.<stage> indices \[0, 1, 2, 3, 4, 5, 6\], but mobilenetv3_small_100 has 6 stages",
+    )

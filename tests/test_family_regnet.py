@@ -1,66 +1,23 @@
-"""RegNetX and RegNetY against timm; layout and refusals."""
+"""RegNetX and RegNetY: timm's plain configuration, layout from the tensors, refusals before weights load.
+
+Checks every family shares: test_parity_every_architecture.py, test_refusals_every_family.py.
+"""
 
 from __future__ import annotations
 
-import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
-from support import check_parity, load_timm, random_pixels, relative_error, save_photo_calibrated_checkpoint, trtmc_module
+from support import assert_refused_before_weights_load, rewritten_checkpoint
 from trtmc.checkpoint import Checkpoint, CheckpointError
-from trtmc.families import UnsupportedModel, build_graph
+from trtmc.families import UnsupportedModel
 from trtmc.families.regnet import FAMILY, derive_layout
 from trtmc.graph import OpKind
-from trtmc.passes.precision import PrecisionPolicy, assign_precision
 
 SMALLEST = "regnetx_002"
 
 
 def _layout(timm_checkpoint, arch):
     return derive_layout(Checkpoint(timm_checkpoint(arch)), FAMILY.architectures[arch])
-
-
-def _rewrite(source, dest, edit):
-    dest.mkdir()
-    (dest / "config.json").write_text((source / "config.json").read_text())
-    state = load_file(str(source / "model.safetensors"))
-    edit(state)
-    save_file(state, str(dest / "model.safetensors"))
-    return dest
-
-
-def _refuse_weight_reads(monkeypatch):
-    def read(self, name):
-        raise AssertionError(f"weights were read ({name}) before the layout was checked")
-
-    monkeypatch.setattr(Checkpoint, "tensor", read)
-
-
-@pytest.mark.parametrize("arch", sorted(FAMILY.architectures))
-def test_fp32_logits_match_timm(arch, timm_checkpoint, record_property):
-    folder = timm_checkpoint(arch)
-    x = random_pixels(folder, batch=1)
-    with torch.no_grad():
-        error = relative_error(trtmc_module(folder)(x), load_timm(folder)(x))
-    record_property("fp32_rel_err", error)
-    assert error <= 1e-4, f"{arch}: max |Δlogit| / max |logit| = {error:.3g}"
-
-
-def test_regnetx_002_keeps_top1_in_fp16_and_bf16(timm_checkpoint, tmp_path, record_property):
-    report = check_parity(save_photo_calibrated_checkpoint(timm_checkpoint(SMALLEST), tmp_path / "photo"))
-    record_property("parity", report)
-    assert report["fp32_rel_err"] <= 1e-4, report
-    # timm's own model cast to bf16 reaches KL 4.2e-3 on these logits (fp16: 2.8e-5).
-    for precision, kl in (("fp16", 1e-3), ("bf16", 1e-2)):
-        got = report[precision]
-        assert got["finite"] and got["top1_agree"] == 1.0 and got["kl"] < kl, f"{precision}: {report}"
-
-
-def test_bf16_graph_runs_every_convolution_and_linear_in_bf16(timm_checkpoint):
-    _, graph = build_graph(Checkpoint(timm_checkpoint("regnety_002")), "bf16")
-    nodes = assign_precision(graph, PrecisionPolicy("bf16")).nodes
-    math = [n for n in nodes if n.kind in (OpKind.CONV2D, OpKind.LINEAR, OpKind.MATMUL)]
-    assert math and all(n.type.dtype.value == "bf16" for n in math), [str(n) for n in math if n.type.dtype.value != "bf16"]
 
 
 def test_every_served_regnet_is_a_plain_relu_batchnorm_regnet_in_timm():
@@ -90,21 +47,15 @@ def test_layout_comes_from_the_tensors(timm_checkpoint):
     assert graph.node("s1.b1.se.fc1").type.shape[1] == 8
 
 
-def test_missing_key_is_refused_before_weights_load(timm_checkpoint, tmp_path, monkeypatch):
-    folder = _rewrite(timm_checkpoint(SMALLEST), tmp_path / "x002", lambda s: s.pop("s2.b1.downsample.bn.running_var"))
-    _refuse_weight_reads(monkeypatch)
-    with pytest.raises(CheckpointError, match=r"tensor 's2\.b1\.downsample\.bn\.running_var' is missing"):
-        build_graph(Checkpoint(folder))
-
-
 def test_wrong_squeeze_excite_width_is_refused_before_weights_load(timm_checkpoint, tmp_path, monkeypatch):
     def narrow(state):
         state["s3.b2.se.fc2.weight"] = state["s3.b2.se.fc2.weight"][:, :4].contiguous()
 
-    folder = _rewrite(timm_checkpoint("regnety_002"), tmp_path / "y002", narrow)
-    _refuse_weight_reads(monkeypatch)
-    with pytest.raises(CheckpointError, match=r"regnety_002: tensor 's3\.b2\.se\.fc2\.weight' has shape \(152, 4, 1, 1\); expected rank 4 with dim 0 = 152, dim 1 = 38"):
-        build_graph(Checkpoint(folder))
+    folder = rewritten_checkpoint(timm_checkpoint("regnety_002"), tmp_path / "y002", narrow)
+    assert_refused_before_weights_load(
+        folder, monkeypatch, CheckpointError,
+        r"regnety_002: tensor 's3\.b2\.se\.fc2\.weight' has shape \(152, 4, 1, 1\); expected rank 4 with dim 0 = 152, dim 1 = 38",
+    )
 
 
 def test_a_final_conv_is_refused_rather_than_dropped(timm_checkpoint, tmp_path, monkeypatch):
@@ -112,7 +63,7 @@ def test_a_final_conv_is_refused_rather_than_dropped(timm_checkpoint, tmp_path, 
     def extend(state):
         state["final_conv.conv.weight"] = torch.zeros(1280, 368, 1, 1)
 
-    folder = _rewrite(timm_checkpoint(SMALLEST), tmp_path / "x002", extend)
-    _refuse_weight_reads(monkeypatch)
-    with pytest.raises(UnsupportedModel, match=r"regnetx_002: the checkpoint holds tensors this layout does not use: final_conv\.conv\.weight"):
-        build_graph(Checkpoint(folder))
+    folder = rewritten_checkpoint(timm_checkpoint(SMALLEST), tmp_path / "x002", extend)
+    assert_refused_before_weights_load(
+        folder, monkeypatch, UnsupportedModel, r"regnetx_002: the checkpoint holds tensors this layout does not use: final_conv\.conv\.weight"
+    )

@@ -1,0 +1,121 @@
+"""Every served architecture against timm: fp32 logits, bf16 graph types, fp16/bf16 top-1 on the photos.
+
+What every family must meet is tested here, once, over `all_families()`; the test_family_*.py
+files test what only their family has (layouts, eps, padding, names, refusals).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from support import (
+    assert_keeps_top1,
+    check_parity,
+    fp32_relative_error,
+    load_timm,
+    random_pixels,
+    reconfigured_checkpoint,
+    relative_error,
+    save_photo_calibrated_checkpoint,
+)
+from trtmc.checkpoint import Checkpoint
+from trtmc.families import all_families, build_graph
+from trtmc.graph import DType, OpKind
+from trtmc.passes.precision import PrecisionPolicy, assign_precision
+
+FAMILIES = {family.name: family for family in all_families()}
+ARCHITECTURES = [arch for family in FAMILIES.values() for arch in family.architectures]
+
+# trtmc's fp32 logits are timm's to within this fraction of the largest: max |Δlogit| / max |logit|.
+FP32_BOUND = 1e-4
+# A random batch-normed ResNet is chaotic: rounding grows block by block, and in resnet101 timm's own
+# fp32 logits already differ from its fp64 ones by 1.0e-4 of the largest. There the bound is also
+# this multiple of what timm's own fp32 reaches.
+TIMMS_OWN_FP32_ALLOWANCE = {"resnet101": 1.5}
+
+
+@dataclass(frozen=True)
+class PhotoCheck:
+    """A family's smallest architecture, its bounds on mean KL(timm fp32 || trtmc) per precision,
+    and the photos' size where it is not the checkpoint's own."""
+
+    arch: str
+    max_kl: dict[str, float]
+    input_size: int | None = None
+
+
+# Each check runs on a photo-calibrated copy of the random checkpoint (support.save_photo_calibrated_
+# checkpoint: with plain random weights GhostNet's fp16 activations overflow past blocks.7 and bf16
+# top-1 is a coin toss) and asks for timm's top-1 on all 22 photos in fp16 and in bf16.
+PHOTO_CHECKS = {
+    # ReLU6 stacks amplify bf16 rounding on this checkpoint: timm's own model cast to bf16 reaches
+    # KL 8.0e-2 (fp16: 2.8e-4), trtmc's bf16 graph 9.0e-2, and both keep top-1 on every photo.
+    "efficientnet": PhotoCheck("mobilenetv2_100", {"fp16": 1e-3, "bf16": 0.15}),
+    "ghostnet": PhotoCheck("ghostnet_050", {"fp16": 1e-4, "bf16": 1e-2}),
+    # bf16 keeps 8 mantissa bits: on the real Lite0 weights timm's own bf16 model reaches KL 1.1e-3
+    # (and flips 1 of 22 photos), trtmc's bf16 graph 1.5e-3 (none). On this checkpoint timm's own bf16
+    # reaches 6.7e-4, trtmc's 2.5e-3.
+    "mobilenetv3": PhotoCheck("mobilenetv3_small_100", {"fp16": 1e-3, "bf16": 5e-3}),
+    # torch's CPU convolutions in fp16/bf16 run ~10x slower than in fp32: at 224x224 this check would
+    # take ~80 s of the CI budget. DPN is fully convolutional up to its global pool, so 128x128 photos
+    # exercise the same graph.
+    "dpn": PhotoCheck("dpn68", {"fp16": 1e-3, "bf16": 5e-2}, input_size=128),
+    # 128 px for the same reason; a fully convolutional net with a global pool takes it like 224
+    # (layer4 ends at 4x4).
+    "resnet": PhotoCheck("resnet18", {"fp16": 1e-4, "bf16": 1e-3}, input_size=128),
+    # timm's own model cast to bf16 reaches KL 4.2e-3 on these logits (fp16: 2.8e-5).
+    "regnet": PhotoCheck("regnetx_002", {"fp16": 1e-3, "bf16": 1e-2}),
+    "convnext": PhotoCheck("convnext_atto", {"fp16": 1e-3, "bf16": 1e-3}),
+    "vit": PhotoCheck("vit_tiny_patch16_224", {"fp16": 1e-3, "bf16": 1e-3}),
+    "efficientvit": PhotoCheck("efficientvit_b0", {"fp16": 1e-3, "bf16": 1e-3}),
+}
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_fp32_logits_match_timm_at_batch_1(arch, timm_checkpoint, record_property):
+    folder = timm_checkpoint(arch)
+    reference = load_timm(folder)
+    error = fp32_relative_error(folder, reference=reference)
+    record_property("fp32_rel_err", error)
+    bound = FP32_BOUND
+    if arch in TIMMS_OWN_FP32_ALLOWANCE:
+        x = random_pixels(folder, batch=1)
+        with torch.no_grad():
+            timm_own = relative_error(reference(x), reference.double()(x.double()))
+        record_property("timm_fp32_vs_fp64", timm_own)
+        bound = max(bound, TIMMS_OWN_FP32_ALLOWANCE[arch] * timm_own)
+    assert error <= bound, f"{arch}: max |Δlogit| / max |logit| = {error:.3g} > {bound:.3g}"
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_bf16_graph_runs_every_convolution_matmul_and_linear_in_bf16(arch, timm_checkpoint):
+    _, graph = build_graph(Checkpoint(timm_checkpoint(arch)), "bf16")
+    nodes = assign_precision(graph, PrecisionPolicy("bf16")).nodes
+    math = [n for n in nodes if n.kind in (OpKind.CONV2D, OpKind.MATMUL, OpKind.LINEAR)]
+    assert math and all(n.type.dtype is DType.BF16 for n in math), [str(n) for n in math if n.type.dtype is not DType.BF16]
+
+
+def test_photo_checks_name_the_smallest_architecture_of_every_family(timm_checkpoint):
+    def parameters(arch):
+        ckpt = Checkpoint(timm_checkpoint(arch))
+        return sum(torch.Size(ckpt.shape(name)).numel() for name in ckpt.names)
+
+    assert PHOTO_CHECKS.keys() == FAMILIES.keys()
+    for name, check in PHOTO_CHECKS.items():
+        sizes = {arch: parameters(arch) for arch in FAMILIES[name].architectures}
+        assert sizes[check.arch] == min(sizes.values()), (name, sizes)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_smallest_model_keeps_timms_top1_on_every_photo_in_fp16_and_bf16(family, timm_checkpoint, tmp_path, record_property):
+    check = PHOTO_CHECKS[family]
+    folder = timm_checkpoint(check.arch)
+    if check.input_size is not None:
+        folder = reconfigured_checkpoint(folder, tmp_path / "resized", input_size=check.input_size)
+    report = check_parity(save_photo_calibrated_checkpoint(folder, tmp_path / "photo-calibrated"))
+    record_property("parity", report)
+    assert report["fp32_rel_err"] <= FP32_BOUND, report
+    assert_keeps_top1(report, check.max_kl)
