@@ -38,7 +38,7 @@ Protocol per row: one first call (timed on its own: compile or graph capture), 3
 measurements; the median is the result. A row spreading more than the margin (5%) around its
 median is re-run once, then marked unstable instead of reported. The headline is baseline ms /
 trtmc engine ms, within 1 +- margin counting as on par. Oracle: trtmc's top class on the entry's
-photo (both scopes, every batch row) must equal timm fp32 eager's, or the entry fails whatever its
+photo (engine scope, every batch row) must equal timm fp32 eager's, or the entry fails whatever its
 speed. Writes results.json, results.md and latency.png to --out; progress goes to stderr. Exit
 status 0 when every entry passed, 1 otherwise (wrong answer, error, unsupported architecture).
 """
