@@ -45,16 +45,7 @@ class UnsupportedModel(ValueError):
 
 
 def all_families() -> list[Family]:
-    families = []
-    for module in _MODULES:
-        try:
-            mod = importlib.import_module(f"{__name__}.{module}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"{__name__}.{module}":
-                continue  # not written yet
-            raise
-        families.append(mod.FAMILY)
-    return families
+    return [importlib.import_module(f"{__name__}.{module}").FAMILY for module in _MODULES]
 
 
 def find_family(architecture: str) -> tuple[Family, Any]:
