@@ -181,7 +181,7 @@ def _cmd_inspect(args) -> int:
         kind, dtype = key.split(":")
         by_kind.setdefault(kind, {})[dtype] = count
     for kind, dtypes in sorted(by_kind.items()):
-        print(f"  {kind:14s} " + "  ".join(f"{d} {n}" for d, n in sorted(dtypes.items())))
+        print(_counts_line("  ", kind, 14, dtypes))
     print(f"engines     {len(bundle.engines) or 'none'}")
     for e in bundle.engines:
         r = e["record"]
@@ -195,10 +195,15 @@ def _cmd_inspect(args) -> int:
             line += f"  built in {r['build_seconds']} s"
         print(line)
         for kind, dtypes in sorted(r.get("layer_precisions", {}).items()):
-            print(f"      {kind:18s} " + "  ".join(f"{d} {n}" for d, n in sorted(dtypes.items())))
+            print(_counts_line("      ", kind, 18, dtypes))
     if args.graph:
         print(bundle.graph())
     return 0
+
+
+def _counts_line(indent: str, kind: str, width: int, dtypes: dict[str, int]) -> str:
+    """`  conv2d         f16 49  f32 1`: how many ops (or layers) of a kind run in each precision."""
+    return f"{indent}{kind:{width}s} " + "  ".join(f"{d} {n}" for d, n in sorted(dtypes.items()))
 
 
 def _add_families(sub) -> None:
