@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-IMAGES = SHARED / "images"
-LITE0 = SHARED / "checkpoints" / "tf_efficientnet_lite0.in1k"
+# Everything the tests read lives in the repository (examples/images/SOURCE.md says where it came from).
+REPO = Path(__file__).resolve().parents[1]
+IMAGES = REPO / "examples" / "images"
+LITE0 = REPO / "examples" / "checkpoints" / "tf_efficientnet_lite0.in1k"
 REFERENCE = IMAGES / "reference_tf_efficientnet_lite0.json"
 
 
@@ -122,7 +123,7 @@ def random_pixels(folder: Path, batch: int = 2, seed: int = 1) -> torch.Tensor:
 
 @lru_cache(maxsize=8)
 def photo_batch(input_size: tuple[int, int, int], interpolation: str, crop_pct: float, mean: tuple, std: tuple) -> torch.Tensor:
-    """The 22 shared photos through timm's own eval transform."""
+    """The 22 photos of examples/images through timm's own eval transform."""
     from PIL import Image
     from timm.data import create_transform
 
@@ -226,7 +227,7 @@ def assert_keeps_top1(report: dict, max_kl: dict[str, float], *, near_ties: int 
 
 
 def save_photo_calibrated_checkpoint(folder: Path, dest: Path) -> Path:
-    """A copy of checkpoint `folder` that behaves on the shared photos as a trained model would.
+    """A copy of checkpoint `folder` that behaves on the repository's photos as a trained model would.
 
     Random weights make poor references for fp16/bf16 checks. Activations grow block after block
     (GhostNet's reach 1e6, past fp16's largest value 65504), and the logits of 1000 random classes
