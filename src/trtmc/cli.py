@@ -6,8 +6,9 @@ import argparse
 import json
 import logging
 import sys
-import time
 from pathlib import Path
+
+from .progress import Progress
 
 DESCRIPTION = """\
 trtmc turns a timm image classifier (a Hugging Face id such as timm/ghostnet_100.in1k, or a local
@@ -17,18 +18,6 @@ TensorRT and/or PyTorch Inductor, and classifies images with it.
   trtmc build timm/ghostnet_100.in1k -o ghostnet.bundle
   trtmc classify ghostnet.bundle --image photo.jpg
 """
-
-
-class Progress:
-    """Timestamped progress lines on stderr."""
-
-    def __init__(self, quiet: bool = False) -> None:
-        self.start = time.perf_counter()
-        self.quiet = quiet
-
-    def __call__(self, message: str) -> None:
-        if not self.quiet:
-            print(f"[{time.perf_counter() - self.start:6.1f}s] {message}", file=sys.stderr, flush=True)
 
 
 def _size(text: str) -> int:

@@ -220,7 +220,7 @@ def _drop_options(argv: list[str], names: tuple[str, ...]) -> list[str]:
 
 
 def _cmd_bench(args) -> int:
-    from ..cli import Progress
+    from ..progress import Progress
     from .report import write_results
     from .runner import BenchOptions, run_bench
 
