@@ -75,3 +75,45 @@ def test_hub_id_offline_says_to_pass_a_local_folder(monkeypatch, tmp_path):
 def test_revision_with_a_local_folder_is_refused():
     with pytest.raises(CheckpointError, match="--revision applies to Hugging Face ids"):
         open_checkpoint(str(LITE0), revision="main")
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ({"architecture": "resnet18", "num_classes": "abc"}, "config.json: num_classes must be a positive integer, got 'abc'"),
+        ({"architecture": "resnet18", "pretrained_cfg": {"num_classes": "abc"}},
+         "config.json: pretrained_cfg.num_classes must be a positive integer, got 'abc'"),
+        ({"architecture": "resnet18", "num_classes": True}, "num_classes must be a positive integer, got True"),
+        ({"architecture": "resnet18", "pretrained_cfg": {"input_size": [3, True, 224]}}, "input_size must be"),
+        ({"architecture": "resnet18", "label_descriptions": {"a": 3}}, "label_descriptions must map label names to text"),
+    ],
+)
+def test_config_fields_of_the_wrong_type_name_the_file_and_the_field(tmp_path, config, message):
+    folder = write_config(tmp_path / "ckpt", config)
+    with pytest.raises(CheckpointError, match=message):
+        Checkpoint(folder)
+
+
+@pytest.mark.parametrize("content", [[1, 2, 3], {"weight": "not a tensor"}])
+def test_pytorch_model_bin_that_is_not_a_state_dict_is_refused_with_the_fix(tmp_path, content):
+    import torch
+
+    folder = write_config(tmp_path / "ckpt", {"architecture": "resnet18"}, weights=False)
+    torch.save(content, folder / "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match="pytorch_model.bin: holds a .*, not a state dict of named tensors"):
+        Checkpoint(folder).names
+
+
+def test_pytorch_model_bin_that_is_not_a_pickle_is_refused_with_the_fix(tmp_path):
+    folder = write_config(tmp_path / "ckpt", {"architecture": "resnet18"}, weights=False)
+    (folder / "pytorch_model.bin").write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match="cannot read it as a PyTorch state dict"):
+        Checkpoint(folder).names
+
+
+def test_offline_hub_error_is_one_line(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    with pytest.raises(CheckpointError) as err:
+        open_checkpoint("timm/ghostnet_100.in1k")
+    assert "\n" not in str(err.value)

@@ -73,6 +73,14 @@ def _require(condition: bool, path: Path, message: str) -> None:
         raise CheckpointError(f"{path}: {message}")
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def parse_config(raw: Any, path: Path) -> ModelConfig:
     """Validate a timm `config.json` and turn it into a `ModelConfig`."""
     _require(isinstance(raw, dict), path, "must hold one JSON object")
@@ -86,7 +94,7 @@ def parse_config(raw: Any, path: Path) -> ModelConfig:
 
     input_size = cfg.get("input_size", [3, 224, 224])
     _require(
-        isinstance(input_size, list) and len(input_size) == 3 and all(isinstance(v, int) and v > 0 for v in input_size)
+        isinstance(input_size, list) and len(input_size) == 3 and all(_is_int(v) and v > 0 for v in input_size)
         and input_size[0] == 3,
         path, f"pretrained_cfg.input_size must be [3, height, width], got {input_size!r}",
     )
@@ -94,19 +102,22 @@ def parse_config(raw: Any, path: Path) -> ModelConfig:
     _require(interpolation in INTERPOLATIONS, path,
              f"pretrained_cfg.interpolation {interpolation!r} is not one of {', '.join(INTERPOLATIONS)}")
     crop_pct = cfg.get("crop_pct", 0.875)
-    _require(isinstance(crop_pct, (int, float)) and 0.0 < crop_pct <= 1.0 + 1e-9, path,
+    _require(_is_number(crop_pct) and 0.0 < crop_pct <= 1.0 + 1e-9, path,
              f"pretrained_cfg.crop_pct must be in (0, 1], got {crop_pct!r}")
     crop_mode = cfg.get("crop_mode", "center")
     _require(crop_mode in CROP_MODES, path,
              f"pretrained_cfg.crop_mode {crop_mode!r} is not supported (supported: {', '.join(CROP_MODES)})")
     mean, std = cfg.get("mean", [0.485, 0.456, 0.406]), cfg.get("std", [0.229, 0.224, 0.225])
     for key, value in (("mean", mean), ("std", std)):
-        _require(isinstance(value, list) and len(value) == 3 and all(isinstance(v, (int, float)) for v in value),
+        _require(isinstance(value, list) and len(value) == 3 and all(_is_number(v) for v in value),
                  path, f"pretrained_cfg.{key} must be three numbers, got {value!r}")
     _require(all(v > 0 for v in std), path, f"pretrained_cfg.std must be positive, got {std!r}")
 
-    num_classes = raw.get("num_classes", cfg.get("num_classes", 1000))
-    _require(isinstance(num_classes, int) and num_classes > 0, path,
+    pretrained_classes = cfg.get("num_classes", 1000)
+    _require(_is_int(pretrained_classes) and pretrained_classes > 0, path,
+             f"pretrained_cfg.num_classes must be a positive integer, got {pretrained_classes!r}")
+    num_classes = raw.get("num_classes", pretrained_classes)
+    _require(_is_int(num_classes) and num_classes > 0, path,
              f"num_classes must be a positive integer, got {num_classes!r}")
     names = raw.get("label_names") or []
     _require(isinstance(names, list) and all(isinstance(n, str) for n in names), path,
@@ -114,7 +125,8 @@ def parse_config(raw: Any, path: Path) -> ModelConfig:
     _require(not names or len(names) == num_classes, path,
              f"label_names has {len(names)} entries for {num_classes} classes")
     descriptions = raw.get("label_descriptions") or {}
-    _require(isinstance(descriptions, dict), path, "label_descriptions must map label names to text")
+    _require(isinstance(descriptions, dict) and all(isinstance(v, str) for v in descriptions.values()), path,
+             "label_descriptions must map label names to text")
 
     pretrained = PretrainedConfig(
         input_size=tuple(input_size),
@@ -123,7 +135,7 @@ def parse_config(raw: Any, path: Path) -> ModelConfig:
         crop_mode=crop_mode,
         mean=tuple(float(v) for v in mean),
         std=tuple(float(v) for v in std),
-        num_classes=int(cfg.get("num_classes", num_classes)),
+        num_classes=pretrained_classes,
     )
     return ModelConfig(
         architecture=arch,
@@ -184,8 +196,14 @@ class Checkpoint:
             else:
                 import torch
 
-                state = torch.load(self.weights_path, map_location="cpu", weights_only=True)
-                self._handle = _DictHandle(state)
+                try:
+                    state = torch.load(self.weights_path, map_location="cpu", weights_only=True)
+                except Exception as exc:  # pickle, zip and weights_only errors all mean "not a state dict"
+                    raise CheckpointError(
+                        f"{self.weights_path}: cannot read it as a PyTorch state dict ({type(exc).__name__}: {exc}); "
+                        "save the model with torch.save(model.state_dict()) or as model.safetensors"
+                    ) from exc
+                self._handle = _DictHandle(state, self.weights_path)
         return self._handle
 
     @property
@@ -223,7 +241,14 @@ class Checkpoint:
 class _DictHandle:
     """Gives a loaded `pytorch_model.bin` state dict the safetensors handle interface."""
 
-    def __init__(self, state: dict) -> None:
+    def __init__(self, state: Any, path: Path) -> None:
+        if not isinstance(state, Mapping) or not all(
+            isinstance(k, str) and hasattr(v, "shape") for k, v in state.items()
+        ):
+            raise CheckpointError(
+                f"{path}: holds a {type(state).__name__}, not a state dict of named tensors; save the model with "
+                "torch.save(model.state_dict()) or as model.safetensors"
+            )
         self.state = state
 
     def keys(self):
@@ -264,10 +289,11 @@ def open_checkpoint(model: str, revision: str | None = None) -> Checkpoint:
             model, revision=revision, allow_patterns=["config.json", "model.safetensors"]
         )
     except Exception as exc:
+        # The hub's own message spans several lines; it is logged (shown with -v), the error stays one line.
+        log.debug("fetching %s failed: %s", model, exc)
         raise CheckpointError(
-            f"could not fetch {model} from the Hugging Face Hub ({type(exc).__name__}: {exc}). "
-            "Offline or behind a firewall? Download the model elsewhere and pass its local folder "
-            "(config.json + model.safetensors) instead."
+            f"could not fetch {model} from the Hugging Face Hub ({type(exc).__name__}); offline or behind a "
+            "firewall? download the model elsewhere and pass its local folder (config.json + model.safetensors)"
         ) from exc
     resolved = Path(folder).name  # snapshot folders are named after the commit
     checkpoint = Checkpoint(Path(folder))

@@ -1,7 +1,8 @@
 """The task `image_to_class_scores`: images in, every class logit out.
 
-Input: image files (JPEG, PNG; grayscale and RGBA become RGB) or host RGB float32 HWC arrays in
-[0, 1] of any size, one or a batch (a list, or an NHWC array). Preprocessing is the bundle's
+Input: image files in any format Pillow reads (JPEG, PNG, WebP, BMP, GIF, TIFF, ...; grayscale,
+palette, CMYK and RGBA become RGB, 16-bit grayscale is scaled to 8 bits) or host RGB float32 HWC arrays
+in [0, 1] of any size, one or a batch (a list, or an NHWC array). Preprocessing is the bundle's
 contract (timm's eval transform). Output: all logits as float32 in checkpoint order, plus the
 checkpoint's label names and descriptions (empty when it gave none: indices stay model-local).
 The task has no options; invalid input is rejected, before inference, with a message naming it.
@@ -58,7 +59,31 @@ def _describe(item: Any, position: int) -> str:
     return str(item) if isinstance(item, (str, Path)) else f"array #{position}"
 
 
-def _load_file(path: Path):
+# Pillow's 16-bit grayscale modes; `convert("RGB")` clips them at 255 (a 16-bit photo comes out white).
+_SIXTEEN_BIT_GRAY = ("I;16", "I;16L", "I;16B", "I;16N")
+
+
+def _to_rgb(image, path: Path):
+    """RGB with 8 bits per channel, as timm's loader gives, for every mode Pillow opens.
+
+    16-bit grayscale is scaled (v / 257, rounded) rather than clipped; 16-bit RGB(A) PNGs already open
+    as 8-bit RGB(A). 32-bit integer and float images have no agreed range, so they are refused.
+    """
+    from PIL import Image
+
+    if image.mode in _SIXTEEN_BIT_GRAY or (image.mode == "I" and image.format == "PNG"):
+        gray = np.asarray(image, dtype=np.float64)
+        return Image.fromarray(np.round(gray / 257.0).clip(0, 255).astype(np.uint8), "L").convert("RGB")
+    if image.mode in ("I", "F"):
+        raise InvalidInput(
+            f"{path}: {image.mode!r} images ({'32-bit integer' if image.mode == 'I' else 'floating-point'} "
+            "pixels) have no agreed range; convert it to 8-bit RGB, or pass a float32 HWC array in [0, 1]"
+        )
+    return image.convert("RGB")
+
+
+def load_image(path: Path):
+    """An image file as an 8-bit RGB PIL image; every unreadable file is an `InvalidInput` naming it."""
     from PIL import Image, UnidentifiedImageError
 
     if not path.is_file():
@@ -68,11 +93,18 @@ def _load_file(path: Path):
             image.load()
             if image.width == 0 or image.height == 0:
                 raise InvalidInput(f"{path}: the image is empty (0 pixels)")
-            return image.convert("RGB")
+            return _to_rgb(image, path)
+    except Image.DecompressionBombError as exc:
+        raise InvalidInput(
+            f"{path}: refused as a possible decompression bomb ({exc}); shrink the image, or raise "
+            "PIL.Image.MAX_IMAGE_PIXELS in your own code if you trust the file"
+        ) from exc
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
         if isinstance(exc, InvalidInput):
             raise
-        raise InvalidInput(f"{path}: not a readable image ({exc}); pass a JPEG or PNG file") from exc
+        raise InvalidInput(
+            f"{path}: not a readable image ({exc}); pass a file Pillow can open (JPEG, PNG, WebP, BMP, GIF, TIFF, ...)"
+        ) from exc
 
 
 def _check_array(array: np.ndarray, name: str) -> np.ndarray:
@@ -97,6 +129,8 @@ def _as_items(images: Any) -> list[Any]:
         return [images]
     if isinstance(images, np.ndarray):
         if images.ndim == 4:
+            if images.shape[0] == 0:
+                raise InvalidInput(f"no images given: the NHWC batch is empty (shape {images.shape})")
             return list(images)
         if images.ndim == 3:
             return [images]
@@ -115,7 +149,7 @@ def preprocess_images(runtime: Runtime, images: Any) -> torch.Tensor:
     for position, item in enumerate(items):
         name = _describe(item, position)
         if isinstance(item, (str, Path)):
-            prepared.append(("file", _load_file(Path(item))))
+            prepared.append(("file", load_image(Path(item))))
         elif isinstance(item, np.ndarray):
             prepared.append(("array", _check_array(item, name)))
         else:
