@@ -19,14 +19,7 @@ from typing import Any
 
 import numpy as np
 
-
-class DType(str, Enum):
-    F32 = "f32"
-    F16 = "f16"
-    BF16 = "bf16"
-
-
-PRECISION_DTYPES = {"fp32": DType.F32, "fp16": DType.F16, "bf16": DType.BF16}
+from .precision import DType
 
 
 class OpKind(str, Enum):

@@ -17,7 +17,8 @@ import dataclasses
 import fnmatch
 from dataclasses import dataclass
 
-from ..graph import CastAttrs, DType, Graph, GraphError, Node, OpKind, PRECISION_DTYPES, TensorType
+from ..graph import CastAttrs, DType, Graph, GraphError, Node, OpKind, TensorType
+from ..precision import precision_named
 
 _MATH_KINDS = (OpKind.CONV2D, OpKind.MATMUL, OpKind.LINEAR)
 
@@ -29,14 +30,13 @@ class PrecisionPolicy:
     overrides: tuple[tuple[str, DType], ...] = ()  # (node-name glob, dtype), first match wins
 
     def __post_init__(self) -> None:
-        if self.precision not in PRECISION_DTYPES:
-            raise ValueError(f"precision {self.precision!r} is not one of {', '.join(PRECISION_DTYPES)}")
+        precision_named(self.precision)  # refuses anything but a compute precision, listing those
 
     def dtype_for(self, node: Node) -> DType:
         for pattern, dtype in self.overrides:
             if fnmatch.fnmatchcase(node.name, pattern):
                 return dtype
-        target = PRECISION_DTYPES[self.precision]
+        target = precision_named(self.precision).dtype
         if node.sensitive and target is DType.F16:
             return DType.F32
         if node.sensitive and target is DType.BF16 and node.kind not in _MATH_KINDS:
