@@ -1,14 +1,18 @@
-"""Graph.verify() re-infers every node's type with the rules GraphBuilder uses; enum attributes come
-back from JSON by their type hints."""
+"""Graph.verify() re-infers every node's type with the rules GraphBuilder uses, and every pass runs it
+on its result; enum attributes come back from JSON by their type hints."""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import inspect
 import json
+import pkgutil
 
 import numpy as np
 import pytest
 
+import trtmc.passes
 from trtmc.graph import (
     ATTRS,
     Activation,
@@ -25,7 +29,9 @@ from trtmc.graph import (
     TensorType,
 )
 from trtmc.graph_builder import GraphBuilder
+from trtmc.passes.fold_batch_norm import fold_batch_norm
 from trtmc.passes.precision import PrecisionPolicy, assign_precision
+from trtmc.passes.rewrite import graph_pass, rewrite
 from trtmc.type_inference import RULES
 
 
@@ -118,3 +124,79 @@ def test_enum_attributes_come_back_from_json_as_their_annotated_enums():
             seen.add(type(value))
     assert {Activation, Binary, Reduction, PoolMode, DType} <= seen
     assert {n.kind for n in graph.nodes} == set(OpKind) == set(ATTRS)
+
+
+# ---- passes: one rewrite helper, every result verified ------------------------------------------
+
+
+PASS_CALLS = {
+    "fold_batch_norm": lambda graph: fold_batch_norm(graph),
+    "assign_precision": lambda graph: assign_precision(graph, PrecisionPolicy("fp16")),
+}
+
+
+def test_every_pass_in_the_passes_package_is_covered_here():
+    found = set()
+    for module in pkgutil.iter_modules(trtmc.passes.__path__):
+        loaded = importlib.import_module(f"trtmc.passes.{module.name}")
+        for name, fn in inspect.getmembers(loaded, inspect.isfunction):
+            if fn.__module__ == loaded.__name__ and not name.startswith("_") and fn is not rewrite:
+                if inspect.signature(fn).return_annotation in ("Graph", Graph):
+                    found.add(name)
+    assert found == set(PASS_CALLS)
+
+
+@pytest.mark.parametrize("name", sorted(PASS_CALLS))
+def test_every_pass_verifies_the_graph_it_returns(name, monkeypatch):
+    graph = every_enum_graph()
+    verified: list[int] = []
+    real_verify = Graph.verify
+
+    def recording_verify(self):
+        verified.append(id(self))
+        real_verify(self)
+
+    monkeypatch.setattr(Graph, "verify", recording_verify)
+    result = PASS_CALLS[name](graph)
+    assert id(result) in verified and result is not graph
+
+
+def test_a_pass_that_records_a_wrong_shape_is_caught_in_the_pass():
+    @graph_pass
+    def halve_the_stem(graph: Graph) -> Graph:
+        return with_type(graph, "stem.conv", TensorType((1, 8, 3, 3), DType.F32))
+
+    with pytest.raises(GraphError, match=r"pass halve_the_stem made an invalid graph: node 'stem.conv' records f32\[1,8,3,3\]"):
+        halve_the_stem(every_enum_graph())
+
+
+def test_rewrite_renames_the_readers_and_outputs_of_a_dropped_node():
+    graph = every_enum_graph()
+    out = rewrite(graph, lambda n: [] if n.name == "flat" else [n], renames={"flat": "attn.softmax"})
+    # The linear head now reads the softmax directly; its recorded shape no longer fits, and verify says so.
+    assert out.node("head").inputs == ("attn.softmax",)
+    with pytest.raises(GraphError, match="linear 'head'"):
+        out.verify()
+    last = rewrite(graph, lambda n: [] if n.name == "head" else [n], renames={"head": "flat"})
+    assert last.outputs == ["flat"]
+    last.verify()
+
+
+def test_rewrite_refuses_to_drop_a_node_that_is_read_without_naming_its_replacement():
+    with pytest.raises(GraphError, match="dropped 'stem.bn', which is read"):
+        rewrite(every_enum_graph(), lambda n: [] if n.name == "stem.bn" else [n])
+
+
+def test_folding_a_chain_of_convolutions_keeps_every_reader_pointing_at_a_defined_node():
+    r = np.random.default_rng(3)
+    g = GraphBuilder()
+    y = g.input("pixels", (1, 3, 8, 8))
+    for i in range(3):
+        y = g.conv2d(y, f"conv{i}", r.standard_normal((3, 3, 1, 1)))
+        y = g.scale(y, f"bn{i}", r.random(3) + 0.5, r.standard_normal(3))
+    g.output(y)
+    folded = fold_batch_norm(g.finish())
+    assert [(n.name, n.inputs) for n in folded.nodes] == [
+        ("pixels", ()), ("conv0", ("pixels",)), ("conv1", ("conv0",)), ("conv2", ("conv1",))
+    ]
+    assert folded.outputs == ["conv2"]
