@@ -7,7 +7,7 @@ import torch
 from trtmc.backends.torch_lowering import LOWERINGS, TORCH_DTYPES, GraphModule
 from trtmc.graph import Activation, DType, Graph, GraphError, OpKind
 from trtmc.graph_builder import GraphBuilder
-from trtmc.passes.precision import PrecisionPolicy, assign_precision
+from trtmc.passes.precision import PrecisionPolicy, UnmatchedOverride, assign_precision
 from trtmc.precision import COMPUTE_PRECISIONS, PRECISIONS, precision_of
 
 
@@ -198,3 +198,26 @@ def test_importing_the_precision_table_loads_neither_torch_nor_numpy():
     code = "import sys, trtmc.precision, trtmc.cli; print(sorted({'torch', 'numpy'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# ---- --fp32-layers patterns must match something (issue 8) ----------------------------------------
+
+
+def test_an_override_pattern_that_matches_no_op_is_refused_with_its_name_and_real_op_names():
+    policy = PrecisionPolicy("fp16", overrides=(("stem.*", DType.F32), ("block.0.*", DType.F32), ("head.fcc", DType.F32)))
+    with pytest.raises(UnmatchedOverride) as error:
+        assign_precision(small_net(), policy)
+    message = str(error.value)
+    assert "'block.0.*', 'head.fcc'" in message and "'stem.*'" not in message
+    assert "'blocks.0." in message  # a real op name close to the first unmatched pattern
+    assert isinstance(error.value, ValueError)
+
+
+def test_an_unmatched_fp32_layers_pattern_stops_the_build_with_one_line(tmp_path):
+    from conftest import LITE0_IN_REPO, run_cli
+
+    out = tmp_path / "lite0.bundle"
+    result = run_cli("build", LITE0_IN_REPO, "-o", out, "-q", "--fp32-layers", "blocks.99.*", check=False)
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1 and "'blocks.99.*' matches no op" in result.stderr
+    assert not out.exists()

@@ -9,7 +9,9 @@ Guarantees, for the graph it returns:
 - the graph input and outputs keep the I/O dtype (float32 unless asked otherwise);
 - explicit CAST nodes sit wherever a producer's dtype differs from its consumer's (one per producer
   and dtype, right before its first reader; an output's cast to the I/O dtype right after the output
-  op), so a strongly typed backend needs no implicit conversion.
+  op), so a strongly typed backend needs no implicit conversion;
+- every override pattern matches at least one op: a pattern that matches none is refused
+  (UnmatchedOverride names it and shows real op names), never silently ignored.
 
 The policy names a compute precision. Quantized formats (FP8, INT8) are not one: a quantization pass,
 with its recipe and calibration scales, puts them into a graph that has been through this one.
@@ -18,6 +20,7 @@ with its recipe and calibration scales, puts them into a graph that has been thr
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import fnmatch
 from dataclasses import dataclass
 
@@ -26,6 +29,11 @@ from ..precision import precision_named
 from .rewrite import graph_pass, rewrite
 
 _MATH_KINDS = (OpKind.CONV2D, OpKind.MATMUL, OpKind.LINEAR)
+_EXAMPLES = 3  # op names an unmatched-pattern error shows
+
+
+class UnmatchedOverride(ValueError):
+    """Override patterns (`--fp32-layers`) that match no op; the message names each and shows real op names."""
 
 
 @dataclass(frozen=True)
@@ -48,10 +56,23 @@ class PrecisionPolicy:
             return DType.F32
         return target
 
+    def require_matches(self, graph: Graph) -> None:
+        """Raise UnmatchedOverride unless every override pattern matches an op of `graph`."""
+        names = [n.name for n in graph.nodes]
+        unmatched = [p for p, _ in self.overrides if not fnmatch.filter(names, p)]
+        if unmatched:
+            examples = difflib.get_close_matches(unmatched[0], names, n=_EXAMPLES, cutoff=0.0)
+            raise UnmatchedOverride(
+                f"layer pattern{'s' if len(unmatched) > 1 else ''} {', '.join(repr(p) for p in unmatched)} "
+                f"match{'' if len(unmatched) > 1 else 'es'} no op of this graph; ops are named after checkpoint "
+                f"modules, e.g. {', '.join(repr(e) for e in examples)}: fix the pattern (--fp32-layers GLOB)"
+            )
+
 
 @graph_pass
 def assign_precision(graph: Graph, policy: PrecisionPolicy) -> Graph:
     """Return a new graph with dtypes assigned and casts inserted (see the module docstring)."""
+    policy.require_matches(graph)
     typed: dict[str, Node] = {}
     # (producer, dtype) -> name of the cast node that converts it, so one cast serves all users.
     casts: dict[tuple[str, DType], str] = {}
