@@ -153,12 +153,12 @@ def test_every_precision_in_the_table_has_its_torch_and_tensorrt_dtypes_and_host
     assert precision_of(precision.dtype) is precision
     if trt is not None:
         assert trt_dtype(precision.dtype) == getattr(trt.DataType, precision.tensorrt_name)
-    values = np.array([[0.1, -2.5, 1000.0], [3.0e-3, 0.0, -7.75]], np.float32)
+    values = np.array([[0.1, -2.5, 300.0], [3.0e-3, 0.0, -7.75]], np.float32)  # in range of every format
     host = host_array(values, precision.dtype)
     assert host.nbytes == values.size * precision.torch_dtype.itemsize
     as_torch = torch.from_numpy(host).view(precision.torch_dtype)
     expected = torch.from_numpy(values).to(precision.torch_dtype)
-    assert torch.equal(as_torch, expected)
+    assert torch.equal(as_torch.float(), expected.float())  # compared in fp32: 8-bit formats lack eq kernels
 
 
 @pytest.mark.parametrize("name", COMPUTE_PRECISIONS)
