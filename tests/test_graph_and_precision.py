@@ -4,10 +4,11 @@ import numpy as np
 import pytest
 import torch
 
-from trtmc.backends.torch_lowering import LOWERINGS, GraphModule
+from trtmc.backends.torch_lowering import LOWERINGS, TORCH_DTYPES, GraphModule
 from trtmc.graph import Activation, DType, Graph, GraphError, OpKind
 from trtmc.graph_builder import GraphBuilder
-from trtmc.passes.precision import PrecisionPolicy, assign_precision
+from trtmc.passes.precision import PrecisionPolicy, UnmatchedOverride, assign_precision
+from trtmc.precision import COMPUTE_PRECISIONS, PRECISIONS, precision_of
 
 
 def small_net() -> Graph:
@@ -139,3 +140,84 @@ def test_cpu_reference_half_convolutions_round_like_native_ones():
     via_fp32 = GraphModule(graph, half_convolutions_in_fp32=True)(x)
     assert native.dtype == via_fp32.dtype == torch.float32
     assert torch.allclose(native, via_fp32, rtol=2e-2, atol=2e-2 * float(native.abs().max()))
+
+
+# ---- one precision table, consumed by both lowering tables ---------------------------------------
+
+
+@pytest.mark.parametrize("precision", list(PRECISIONS.values()), ids=list(PRECISIONS))
+def test_every_precision_in_the_table_has_its_torch_and_tensorrt_dtypes_and_host_bytes(precision):
+    from trtmc.backends.tensorrt_lowering import host_array, trt, trt_dtype
+
+    assert TORCH_DTYPES[precision.dtype] is precision.torch_dtype
+    assert precision_of(precision.dtype) is precision
+    if trt is not None:
+        assert trt_dtype(precision.dtype) == getattr(trt.DataType, precision.tensorrt_name)
+    values = np.array([[0.1, -2.5, 300.0], [3.0e-3, 0.0, -7.75]], np.float32)  # in range of every format
+    host = host_array(values, precision.dtype)
+    assert host.nbytes == values.size * precision.torch_dtype.itemsize
+    as_torch = torch.from_numpy(host).view(precision.torch_dtype)
+    expected = torch.from_numpy(values).to(precision.torch_dtype)
+    assert torch.equal(as_torch.float(), expected.float())  # compared in fp32: 8-bit formats lack eq kernels
+
+
+@pytest.mark.parametrize("name", COMPUTE_PRECISIONS)
+def test_every_compute_precision_reaches_the_convolutions_of_both_lowerings(name):
+    from trtmc.backends import EngineSpec
+    from trtmc.backends import tensorrt as backend
+
+    precision = PRECISIONS[name]
+    graph = assign_precision(small_net(), PrecisionPolicy(name))
+    module = GraphModule(graph)
+    conv_weight = module.get_buffer("w_" + "stem.conv.weight".replace(".", "_"))
+    assert conv_weight.dtype is precision.torch_dtype
+    if backend.trt is not None:
+        definition = backend.define_network(graph, EngineSpec("tensorrt", "cuda", name))
+        assert definition.precisions()["CONVOLUTION"] == {precision.dtype.value: 2}
+
+
+@pytest.mark.parametrize("option", ["--precision", "--io-dtype"])
+def test_the_cli_and_the_build_offer_the_compute_precisions_of_the_table(option, tmp_path):
+    from trtmc.build import BuildError, BuildRequest
+
+    from conftest import LITE0_IN_REPO, run_cli
+
+    choices = ", ".join(repr(p) for p in COMPUTE_PRECISIONS)
+    result = run_cli("build", LITE0_IN_REPO, "-o", tmp_path / "x.bundle", option, "int8", check=False)
+    assert result.returncode == 2 and f"(choose from {choices})" in result.stderr
+    field = option.removeprefix("--").replace("-", "_")
+    with pytest.raises(BuildError, match=", ".join(COMPUTE_PRECISIONS)):
+        BuildRequest(model=str(LITE0_IN_REPO), output=tmp_path / "x.bundle", **{field: "int8"}).validate()
+    assert all(not PRECISIONS[n].quantized for n in COMPUTE_PRECISIONS)
+
+
+def test_importing_the_precision_table_loads_neither_torch_nor_numpy():
+    import subprocess
+    import sys
+
+    code = "import sys, trtmc.precision, trtmc.cli; print(sorted({'torch', 'numpy'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+# ---- --fp32-layers patterns must match something (issue 8) ----------------------------------------
+
+
+def test_an_override_pattern_that_matches_no_op_is_refused_with_its_name_and_real_op_names():
+    policy = PrecisionPolicy("fp16", overrides=(("stem.*", DType.F32), ("block.0.*", DType.F32), ("head.fcc", DType.F32)))
+    with pytest.raises(UnmatchedOverride) as error:
+        assign_precision(small_net(), policy)
+    message = str(error.value)
+    assert "'block.0.*', 'head.fcc'" in message and "'stem.*'" not in message
+    assert "'blocks.0." in message  # a real op name close to the first unmatched pattern
+    assert isinstance(error.value, ValueError)
+
+
+def test_an_unmatched_fp32_layers_pattern_stops_the_build_with_one_line(tmp_path):
+    from conftest import LITE0_IN_REPO, run_cli
+
+    out = tmp_path / "lite0.bundle"
+    result = run_cli("build", LITE0_IN_REPO, "-o", out, "-q", "--fp32-layers", "blocks.99.*", check=False)
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1 and "'blocks.99.*' matches no op" in result.stderr
+    assert not out.exists()

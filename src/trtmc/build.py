@@ -17,9 +17,10 @@ from .backends import BACKENDS, DEVICES, BuiltEngine, EngineSpec, backend_module
 from .bundle import engine_member, weights_to_bytes, write_bundle
 from .checkpoint import open_checkpoint
 from .families import find_family, build_graph
-from .graph import DType, PRECISION_DTYPES
+from .graph import DType
 from .passes.fold_batch_norm import fold_batch_norm
 from .passes.precision import PrecisionPolicy, assign_precision
+from .precision import COMPUTE_PRECISIONS, precision_named
 from .preprocess import PreprocessSpec
 
 log = logging.getLogger(__name__)
@@ -48,10 +49,10 @@ class BuildRequest:
     add_engines_from: Path | None = None  # a bundle of the same checkpoint whose engines join this one
 
     def validate(self) -> None:
-        if self.precision not in PRECISION_DTYPES:
-            raise BuildError(f"--precision {self.precision!r}: choose fp32, fp16 or bf16")
-        if self.io_dtype not in PRECISION_DTYPES:
-            raise BuildError(f"--io-dtype {self.io_dtype!r}: choose fp32, fp16 or bf16")
+        if self.precision not in COMPUTE_PRECISIONS:
+            raise BuildError(f"--precision {self.precision!r}: choose {', '.join(COMPUTE_PRECISIONS)}")
+        if self.io_dtype not in COMPUTE_PRECISIONS:
+            raise BuildError(f"--io-dtype {self.io_dtype!r}: choose {', '.join(COMPUTE_PRECISIONS)}")
         if self.device not in DEVICES:
             raise BuildError(f"--device {self.device!r}: choose cpu or cuda")
         if not self.backends:
@@ -88,7 +89,7 @@ class BuildRequest:
                     backend=backend,
                     device="cuda" if backend == "tensorrt" else self.device,
                     precision=self.precision,
-                    io_dtype=PRECISION_DTYPES[self.io_dtype],
+                    io_dtype=precision_named(self.io_dtype).dtype,
                     max_batch=self.max_batch,
                     opt_level=self.opt_level,
                     workspace=self.workspace,
@@ -136,7 +137,7 @@ def build_bundle(request: BuildRequest, progress: Callable[[str], None] = _defau
     _, graph = build_graph(checkpoint, request.precision)
     policy = PrecisionPolicy(
         request.precision,
-        io_dtype=PRECISION_DTYPES[request.io_dtype],
+        io_dtype=precision_named(request.io_dtype).dtype,
         overrides=tuple((pattern, DType.F32) for pattern in request.fp32_layers),
     )
     typed = assign_precision(fold_batch_norm(graph), policy)

@@ -8,6 +8,7 @@ import logging
 import sys
 from pathlib import Path
 
+from .precision import COMPUTE_PRECISIONS
 from .progress import Progress
 
 DESCRIPTION = """\
@@ -45,14 +46,14 @@ def _add_build(sub) -> None:
     )
     p.add_argument("model", help="Hugging Face id (owner/name) or a local folder with config.json + model.safetensors")
     p.add_argument("-o", "--output", required=True, type=Path, help="bundle file to write (written atomically)")
-    p.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"],
+    p.add_argument("--precision", default="fp32", choices=COMPUTE_PRECISIONS,
                    help="compute precision of every op, convolutions included (default fp32)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                    help="device the inductor engine is compiled for (default cpu)")
     p.add_argument("--backend", action="append", choices=["tensorrt", "inductor"], dest="backends",
                    help="engine to build; repeat to put several in one bundle (default inductor)")
     p.add_argument("--revision", help="Hugging Face revision (branch, tag or commit) of MODEL")
-    p.add_argument("--io-dtype", default="fp32", choices=["fp32", "fp16", "bf16"],
+    p.add_argument("--io-dtype", default="fp32", choices=COMPUTE_PRECISIONS,
                    help="dtype of the engine's input and output tensors (default fp32)")
     p.add_argument("--max-batch", type=int, default=1,
                    help="largest batch the engine serves; TensorRT optimizes for it (default 1)")

@@ -6,12 +6,18 @@ and transposes never touch dimension 0). Nodes are named after the checkpoint mo
 from, made unique by one helper, so precision rules, reports and TensorRT layer names map back to
 the checkpoint. Weights are float32 numpy arrays owned by the graph; lowerings cast them to the
 dtype of the node that uses them.
+
+The vocabulary (op kinds, their attributes, nodes) lives in `trtmc.ops` and is re-exported here;
+`verify()` re-infers every node's type with the rules in `trtmc.type_inference`, the same rules
+`GraphBuilder` applies, and every pass runs it on its result.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import types
+import typing
 from collections import Counter
 from dataclasses import dataclass, field
 from enum import Enum
@@ -19,255 +25,11 @@ from typing import Any
 
 import numpy as np
 
-
-class DType(str, Enum):
-    F32 = "f32"
-    F16 = "f16"
-    BF16 = "bf16"
-
-
-PRECISION_DTYPES = {"fp32": DType.F32, "fp16": DType.F16, "bf16": DType.BF16}
-
-
-class OpKind(str, Enum):
-    INPUT = "input"
-    CONSTANT = "constant"
-    CONV2D = "conv2d"
-    SCALE = "scale"
-    ACTIVATION = "activation"
-    POOL2D = "pool2d"
-    REDUCE = "reduce"
-    ELEMENTWISE = "elementwise"
-    CONCAT = "concat"
-    SLICE = "slice"
-    LINEAR = "linear"
-    MATMUL = "matmul"
-    SOFTMAX = "softmax"
-    NORMALIZATION = "normalization"
-    RESHAPE = "reshape"
-    TRANSPOSE = "transpose"
-    CAST = "cast"
-
-
-class Activation(str, Enum):
-    RELU = "relu"
-    RELU6 = "relu6"
-    SILU = "silu"
-    GELU = "gelu"
-    GELU_TANH = "gelu_tanh"
-    HARD_SWISH = "hard_swish"
-    HARD_SIGMOID = "hard_sigmoid"
-    SIGMOID = "sigmoid"
-    TANH = "tanh"
-
-
-class Binary(str, Enum):
-    ADD = "add"
-    SUB = "sub"
-    MUL = "mul"
-    DIV = "div"
-    MAX = "max"
-    MIN = "min"
-
-
-class Reduction(str, Enum):
-    MEAN = "mean"
-    SUM = "sum"
-    MAX = "max"
-
-
-class PoolMode(str, Enum):
-    MAX = "max"
-    AVG = "avg"
-
-
-# ---- attributes, one frozen dataclass per op kind -------------------------------------------
-
-
-@dataclass(frozen=True)
-class InputAttrs:
-    pass
-
-
-@dataclass(frozen=True)
-class ConstantAttrs:
-    weight: str
-
-
-@dataclass(frozen=True)
-class Conv2dAttrs:
-    weight: str
-    bias: str | None
-    stride: tuple[int, int]
-    padding: tuple[int, int, int, int]  # top, left, bottom, right: TF "SAME" is asymmetric
-    dilation: tuple[int, int]
-    groups: int
-
-
-@dataclass(frozen=True)
-class ScaleAttrs:
-    """y = x * scale + shift, per channel along `axis` (an inference batch norm)."""
-
-    scale: str
-    shift: str
-    axis: int = 1
-
-
-@dataclass(frozen=True)
-class ActivationAttrs:
-    fn: Activation
-
-
-@dataclass(frozen=True)
-class Pool2dAttrs:
-    mode: PoolMode
-    kernel: tuple[int, int]
-    stride: tuple[int, int]
-    padding: tuple[int, int, int, int]  # top, left, bottom, right
-    count_include_pad: bool = True
-
-
-@dataclass(frozen=True)
-class ReduceAttrs:
-    op: Reduction
-    axes: tuple[int, ...]
-    keepdim: bool
-
-
-@dataclass(frozen=True)
-class ElementwiseAttrs:
-    op: Binary
-
-
-@dataclass(frozen=True)
-class ConcatAttrs:
-    axis: int
-
-
-@dataclass(frozen=True)
-class SliceAttrs:
-    axis: int
-    start: int
-    stop: int
-
-
-@dataclass(frozen=True)
-class LinearAttrs:
-    """y = x @ weight.T + bias over the last axis; weight is [out, in]."""
-
-    weight: str
-    bias: str | None
-
-
-@dataclass(frozen=True)
-class MatmulAttrs:
-    """Batched matrix product of two tensors; `transpose_b` swaps the last two axes of b."""
-
-    transpose_b: bool = False
-
-
-@dataclass(frozen=True)
-class SoftmaxAttrs:
-    axis: int
-
-
-@dataclass(frozen=True)
-class NormalizationAttrs:
-    """Layer norm over one axis (the channel axis: 1 for NCHW maps, -1 for tokens)."""
-
-    axis: int
-    weight: str
-    bias: str
-    eps: float
-
-
-@dataclass(frozen=True)
-class ReshapeAttrs:
-    shape: tuple[int, ...]  # without the batch dimension
-
-
-@dataclass(frozen=True)
-class TransposeAttrs:
-    perm: tuple[int, ...]  # perm[0] == 0: the batch stays first
-
-
-@dataclass(frozen=True)
-class CastAttrs:
-    dtype: DType
-
-
-ATTRS: dict[OpKind, type] = {
-    OpKind.INPUT: InputAttrs,
-    OpKind.CONSTANT: ConstantAttrs,
-    OpKind.CONV2D: Conv2dAttrs,
-    OpKind.SCALE: ScaleAttrs,
-    OpKind.ACTIVATION: ActivationAttrs,
-    OpKind.POOL2D: Pool2dAttrs,
-    OpKind.REDUCE: ReduceAttrs,
-    OpKind.ELEMENTWISE: ElementwiseAttrs,
-    OpKind.CONCAT: ConcatAttrs,
-    OpKind.SLICE: SliceAttrs,
-    OpKind.LINEAR: LinearAttrs,
-    OpKind.MATMUL: MatmulAttrs,
-    OpKind.SOFTMAX: SoftmaxAttrs,
-    OpKind.NORMALIZATION: NormalizationAttrs,
-    OpKind.RESHAPE: ReshapeAttrs,
-    OpKind.TRANSPOSE: TransposeAttrs,
-    OpKind.CAST: CastAttrs,
-}
-
-# Attribute fields that hold enum values, for deserialisation.
-_ENUM_FIELDS = {
-    "fn": Activation,
-    "op": None,  # Binary or Reduction, decided by the kind
-    "mode": PoolMode,
-    "dtype": DType,
-}
-
-
-@dataclass(frozen=True)
-class TensorType:
-    shape: tuple[int, ...]
-    dtype: DType
-
-    def __str__(self) -> str:
-        return f"{self.dtype.value}[{','.join(str(d) for d in self.shape)}]"
-
-
-@dataclass(frozen=True)
-class Node:
-    name: str
-    kind: OpKind
-    inputs: tuple[str, ...]
-    attrs: Any
-    type: TensorType
-    source: str  # the checkpoint module path the op came from
-    sensitive: bool = False  # overflow-prone in fp16: the precision pass may keep it in fp32
-
-    def weight_keys(self) -> list[str]:
-        keys = []
-        for f in ("weight", "bias", "scale", "shift"):
-            value = getattr(self.attrs, f, None)
-            if isinstance(value, str):
-                keys.append(value)
-        return keys
-
-    def __str__(self) -> str:
-        args = ", ".join(f"%{i}" for i in self.inputs)
-        details = []
-        for f in dataclasses.fields(self.attrs):
-            value = getattr(self.attrs, f.name)
-            if f.name in ("weight", "bias", "scale", "shift") or value is None:
-                continue
-            details.append(f"{f.name}={value.value if isinstance(value, Enum) else value}")
-        if self.sensitive:
-            details.append("sensitive")
-        inner = ", ".join([a for a in [args, ", ".join(details)] if a])
-        return f"%{self.name} : {self.type} = {self.kind.value}({inner})"
-
-
-class GraphError(ValueError):
-    pass
+# The vocabulary is re-exported: families, passes, backends and tests import it from here.
+from .ops import *  # noqa: F401,F403
+from .ops import ATTRS, GraphError, Node, OpKind, TensorType
+from .precision import DType
+from .type_inference import Site, infer_type, input_nodes
 
 
 @dataclass
@@ -307,24 +69,25 @@ class Graph:
     # ---- invariants ----
 
     def verify(self) -> None:
-        """Topological order, unique names, known weights and consistent dtypes."""
+        """Topological order, unique names, known weights, batch 1, and every node's recorded type
+        equal to what its kind's rule (`trtmc.type_inference`) infers from its inputs, attributes
+        and weights; raises GraphError naming the first node that breaks one."""
         seen: dict[str, Node] = {}
         for n in self.nodes:
             if n.name in seen:
                 raise GraphError(f"duplicate node name {n.name!r}")
             if not isinstance(n.attrs, ATTRS[n.kind]):
                 raise GraphError(f"node {n.name!r}: {n.kind.value} needs {ATTRS[n.kind].__name__}")
-            for i in n.inputs:
-                if i not in seen:
-                    raise GraphError(f"node {n.name!r} reads {i!r} before it is defined")
-                if n.kind is not OpKind.CAST and seen[i].type.dtype is not n.type.dtype:
-                    raise GraphError(
-                        f"node {n.name!r} ({n.type.dtype.value}) reads {i!r} "
-                        f"({seen[i].type.dtype.value}) without a cast"
-                    )
+            site = Site(n.name, input_nodes(n.inputs, seen, n.name), self.weights, declared=n.type)
             for key in n.weight_keys():
-                if key not in self.weights:
-                    raise GraphError(f"node {n.name!r} refers to missing weight {key!r}")
+                site.weight(key)
+            implied = infer_type(n.kind, n.attrs, site)
+            if implied != n.type:
+                reads = ", ".join(f"%{i.name}: {i.type}" for i in site.inputs)
+                fix = "; a change of dtype needs a cast" if implied.shape == n.type.shape else ""
+                raise GraphError(
+                    f"node {n.name!r} records {n.type}, but {n.kind.value}({reads}) gives {implied}{fix}"
+                )
             if n.type.shape and n.type.shape[0] != 1:
                 raise GraphError(f"node {n.name!r}: the graph records batch 1, got {n.type.shape}")
             seen[n.name] = n
@@ -388,14 +151,20 @@ def _attrs_to_json(attrs: Any) -> dict:
 
 def _attrs_from_json(kind: OpKind, data: dict) -> Any:
     cls = ATTRS[kind]
-    values = {}
-    for f in dataclasses.fields(cls):
-        value = data[f.name]
-        if f.name == "op":
-            value = (Reduction if kind is OpKind.REDUCE else Binary)(value)
-        elif f.name in _ENUM_FIELDS and _ENUM_FIELDS[f.name] is not None:
-            value = _ENUM_FIELDS[f.name](value)
-        elif isinstance(value, list):
-            value = tuple(value)
-        values[f.name] = value
-    return cls(**values)
+    hints = typing.get_type_hints(cls)
+    return cls(**{f.name: _decode(hints[f.name], data[f.name]) for f in dataclasses.fields(cls)})
+
+
+def _decode(hint: Any, value: Any) -> Any:
+    """A JSON value as the attribute's annotated type: enums by value, tuples from lists."""
+    if value is None:
+        return None
+    if isinstance(hint, type) and issubclass(hint, Enum):
+        return hint(value)
+    origin = typing.get_origin(hint)
+    if origin is tuple:
+        return tuple(value)
+    if origin in (typing.Union, types.UnionType):  # `X | None`: decode as X
+        (inner,) = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+        return _decode(inner, value)
+    return value

@@ -33,6 +33,7 @@ from typing import Any, Callable
 
 from ..files import write_bytes_atomically
 from ..graph import DType, Graph, OpKind
+from ..precision import PRECISIONS
 from . import BuiltEngine, EngineSpec, Progress
 from .tensorrt_lowering import INPUT_NAME, OUTPUT_NAME, TRT_LOWERINGS, TRT_MODULE, Lowerer, UnsupportedNode, trt, trt_dtype
 
@@ -217,7 +218,7 @@ def define_network(graph: Graph, spec: EngineSpec) -> NetworkDefinition:
 
 
 def _dtype_name(dtype) -> str:
-    return {"FLOAT": "f32", "HALF": "f16", "BF16": "bf16"}.get(dtype.name, dtype.name.lower())
+    return {p.tensorrt_name: p.dtype.value for p in PRECISIONS.values()}.get(dtype.name, dtype.name.lower())
 
 
 def describe_layers(network) -> list[dict]:

@@ -10,6 +10,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from ..precision import PRECISIONS
 from .tensorrt import TensorRTLoadError, _dtype_name, _logger, unavailable_reason
 from .tensorrt_lowering import INPUT_NAME, OUTPUT_NAME
 
@@ -49,7 +50,7 @@ class TensorRTEngine:
             errors = self._logger.since(mark)
             raise TensorRTLoadError("\n".join([f"{record['builder']} could not deserialize the plan", *errors]))
         self.max_batch = int(record["options"]["max_batch"])
-        dtypes = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+        dtypes = {p.dtype.value: p.torch_dtype for p in PRECISIONS.values()}
         self._input_dtype = dtypes[_dtype_name(self._engine.get_tensor_dtype(INPUT_NAME))]
         self._output_dtype = dtypes[_dtype_name(self._engine.get_tensor_dtype(OUTPUT_NAME))]
         self._chw = tuple(self._engine.get_tensor_shape(INPUT_NAME))[1:]

@@ -21,6 +21,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..graph import Activation, Binary, DType, Graph, Node, OpKind, PoolMode, Reduction
+from ..precision import precision_of
 
 for _name in ("tensorrt", "tensorrt_rtx"):
     try:
@@ -42,19 +43,12 @@ class UnsupportedNode(ValueError):
 
 
 def trt_dtype(dtype: DType):
-    return {DType.F32: trt.float32, DType.F16: trt.float16, DType.BF16: trt.bfloat16}[dtype]
+    return precision_of(dtype).tensorrt_dtype(trt)
 
 
 def host_array(value: np.ndarray, dtype: DType) -> np.ndarray:
-    """The bytes TensorRT reads for `value` in `dtype`; bf16 goes through torch (numpy has no bf16)."""
-    value = np.ascontiguousarray(value, dtype=np.float32)
-    if dtype is DType.F32:
-        return value
-    if dtype is DType.F16:
-        return value.astype(np.float16)
-    import torch
-
-    return torch.from_numpy(value).to(torch.bfloat16).view(torch.int16).numpy().copy()
+    """The bytes TensorRT reads for `value` in `dtype` (see `Precision.host_array`)."""
+    return precision_of(dtype).host_array(value)
 
 
 @dataclass

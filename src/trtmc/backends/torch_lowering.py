@@ -13,8 +13,9 @@ import torch
 import torch.nn.functional as F
 
 from ..graph import Activation, Binary, DType, Graph, Node, OpKind, PoolMode, Reduction
+from ..precision import PRECISIONS
 
-TORCH_DTYPES = {DType.F32: torch.float32, DType.F16: torch.float16, DType.BF16: torch.bfloat16}
+TORCH_DTYPES = {p.dtype: p.torch_dtype for p in PRECISIONS.values()}
 
 Lowering = Callable[[Node, list[torch.Tensor], Callable[[str], torch.Tensor]], torch.Tensor]
 LOWERINGS: dict[OpKind, Lowering] = {}

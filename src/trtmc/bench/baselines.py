@@ -18,9 +18,10 @@ from typing import Callable
 
 import torch
 
+from ..precision import PRECISIONS
 from .spec import BASELINES
 
-TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+TORCH_DTYPES = {p.name: p.torch_dtype for p in PRECISIONS.values()}
 COMPILE_MODES = {"reduce-overhead": "reduce-overhead", "max-autotune": "max-autotune"}
 
 

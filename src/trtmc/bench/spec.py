@@ -22,7 +22,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-PRECISIONS = ("fp32", "fp16", "bf16")
+from ..precision import COMPUTE_PRECISIONS
+
+PRECISIONS = COMPUTE_PRECISIONS
 WEIGHTS = ("checkpoint", "random")
 MAX_BATCH = 4096
 # timm baselines (trtmc.bench.baselines makes them); max-autotune is opt-in: its compile takes minutes.

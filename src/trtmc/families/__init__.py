@@ -14,8 +14,9 @@ from typing import Any, Callable, Mapping
 
 from ..checkpoint import Checkpoint
 from ..graph import Graph
+from ..precision import COMPUTE_PRECISIONS
 
-PRECISIONS = ("fp32", "fp16", "bf16")
+PRECISIONS = COMPUTE_PRECISIONS
 
 # Family modules, in the order `trtmc families` lists them.
 _MODULES = (

@@ -13,15 +13,17 @@ import dataclasses
 
 import numpy as np
 
-from ..graph import Graph, OpKind
+from ..graph import Conv2dAttrs, Graph, Node, OpKind
+from .rewrite import graph_pass, rewrite
 
 
+@graph_pass
 def fold_batch_norm(graph: Graph) -> Graph:
     consumers = graph.consumers()
     by_name = {n.name: n for n in graph.nodes}
     weights = dict(graph.weights)
     replaced: dict[str, str] = {}  # folded SCALE name -> the convolution that now produces its value
-    folded_convs = {}
+    folded: dict[str, Conv2dAttrs] = {}  # convolution name -> its attributes with the norm folded in
     for node in graph.nodes:
         if node.kind is not OpKind.SCALE or node.attrs.axis != 1:
             continue
@@ -36,20 +38,13 @@ def fold_batch_norm(graph: Graph) -> Graph:
         weights[conv.weight] = w.astype(np.float32)
         bias_key = conv.bias or f"{producer.name}.bias"
         weights[bias_key] = (b * scale + shift).astype(np.float32)
-        folded_convs[producer.name] = dataclasses.replace(
-            producer, attrs=dataclasses.replace(conv, bias=bias_key)
-        )
+        folded[producer.name] = dataclasses.replace(conv, bias=bias_key)
         replaced[node.name] = producer.name
         del weights[node.attrs.scale], weights[node.attrs.shift]
-    nodes = []
-    for node in graph.nodes:
+
+    def edit(node: Node) -> list[Node]:
         if node.name in replaced:
-            continue
-        node = folded_convs.get(node.name, node)
-        if any(i in replaced for i in node.inputs):
-            node = dataclasses.replace(node, inputs=tuple(replaced.get(i, i) for i in node.inputs))
-        nodes.append(node)
-    outputs = [replaced.get(o, o) for o in graph.outputs]
-    result = Graph(nodes=nodes, weights=weights, outputs=outputs)
-    result.verify()
-    return result
+            return []
+        return [dataclasses.replace(node, attrs=folded[node.name])] if node.name in folded else [node]
+
+    return rewrite(graph, edit, renames=replaced, weights=weights)

@@ -7,19 +7,33 @@ Guarantees, for the graph it returns:
     EfficientViT's division), which stay fp32 in fp16 builds; in bf16 builds they stay fp32 unless
     they are convolutions or matrix products, which stay bf16 (bf16 means bf16);
 - the graph input and outputs keep the I/O dtype (float32 unless asked otherwise);
-- explicit CAST nodes sit wherever a producer's dtype differs from its consumer's, so a strongly
-  typed backend needs no implicit conversion.
+- explicit CAST nodes sit wherever a producer's dtype differs from its consumer's (one per producer
+  and dtype, right before its first reader; an output's cast to the I/O dtype right after the output
+  op), so a strongly typed backend needs no implicit conversion;
+- every override pattern matches at least one op: a pattern that matches none is refused
+  (UnmatchedOverride names it and shows real op names), never silently ignored.
+
+The policy names a compute precision. Quantized formats (FP8, INT8) are not one: a quantization pass,
+with its recipe and calibration scales, puts them into a graph that has been through this one.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import fnmatch
 from dataclasses import dataclass
 
-from ..graph import CastAttrs, DType, Graph, GraphError, Node, OpKind, PRECISION_DTYPES, TensorType
+from ..graph import CastAttrs, DType, Graph, GraphError, Node, OpKind, TensorType
+from ..precision import precision_named
+from .rewrite import graph_pass, rewrite
 
 _MATH_KINDS = (OpKind.CONV2D, OpKind.MATMUL, OpKind.LINEAR)
+_EXAMPLES = 3  # op names an unmatched-pattern error shows
+
+
+class UnmatchedOverride(ValueError):
+    """Override patterns (`--fp32-layers`) that match no op; the message names each and shows real op names."""
 
 
 @dataclass(frozen=True)
@@ -29,32 +43,45 @@ class PrecisionPolicy:
     overrides: tuple[tuple[str, DType], ...] = ()  # (node-name glob, dtype), first match wins
 
     def __post_init__(self) -> None:
-        if self.precision not in PRECISION_DTYPES:
-            raise ValueError(f"precision {self.precision!r} is not one of {', '.join(PRECISION_DTYPES)}")
+        precision_named(self.precision)  # refuses anything but a compute precision, listing those
 
     def dtype_for(self, node: Node) -> DType:
         for pattern, dtype in self.overrides:
             if fnmatch.fnmatchcase(node.name, pattern):
                 return dtype
-        target = PRECISION_DTYPES[self.precision]
+        target = precision_named(self.precision).dtype
         if node.sensitive and target is DType.F16:
             return DType.F32
         if node.sensitive and target is DType.BF16 and node.kind not in _MATH_KINDS:
             return DType.F32
         return target
 
+    def require_matches(self, graph: Graph) -> None:
+        """Raise UnmatchedOverride unless every override pattern matches an op of `graph`."""
+        names = [n.name for n in graph.nodes]
+        unmatched = [p for p, _ in self.overrides if not fnmatch.filter(names, p)]
+        if unmatched:
+            examples = difflib.get_close_matches(unmatched[0], names, n=_EXAMPLES, cutoff=0.0)
+            raise UnmatchedOverride(
+                f"layer pattern{'s' if len(unmatched) > 1 else ''} {', '.join(repr(p) for p in unmatched)} "
+                f"match{'' if len(unmatched) > 1 else 'es'} no op of this graph; ops are named after checkpoint "
+                f"modules, e.g. {', '.join(repr(e) for e in examples)}: fix the pattern (--fp32-layers GLOB)"
+            )
 
+
+@graph_pass
 def assign_precision(graph: Graph, policy: PrecisionPolicy) -> Graph:
     """Return a new graph with dtypes assigned and casts inserted (see the module docstring)."""
-    nodes: list[Node] = []
-    dtype_of: dict[str, DType] = {}
+    policy.require_matches(graph)
+    typed: dict[str, Node] = {}
     # (producer, dtype) -> name of the cast node that converts it, so one cast serves all users.
     casts: dict[tuple[str, DType], str] = {}
     taken = {n.name for n in graph.nodes}
-    by_name: dict[str, Node] = {}
 
-    def converted(name: str, want: DType) -> str:
-        if dtype_of[name] is want:
+    def read(name: str, want: DType, emitted: list[Node]) -> str:
+        """The name to read `name` as `want` by, appending the cast to `emitted` the first time."""
+        producer = typed[name]
+        if producer.type.dtype is want:
             return name
         key = (name, want)
         if key not in casts:
@@ -62,29 +89,22 @@ def assign_precision(graph: Graph, policy: PrecisionPolicy) -> Graph:
             while cast_name in taken:
                 cast_name += "_"
             taken.add(cast_name)
-            producer = by_name[name]
-            nodes.append(
+            emitted.append(
                 Node(cast_name, OpKind.CAST, (name,), CastAttrs(want), TensorType(producer.type.shape, want), producer.source)
             )
-            dtype_of[cast_name] = want
             casts[key] = cast_name
         return casts[key]
 
-    for node in graph.nodes:
-        if node.kind is OpKind.INPUT:
-            dtype = policy.io_dtype
-            inputs: tuple[str, ...] = ()
-        elif node.kind is OpKind.CAST:
+    def assign(node: Node) -> list[Node]:
+        if node.kind is OpKind.CAST:
             raise GraphError(f"{node.name!r}: precision is assigned once, to a graph without casts")
-        else:
-            dtype = policy.dtype_for(node)
-            inputs = tuple(converted(i, dtype) for i in node.inputs)
-        typed = dataclasses.replace(node, inputs=inputs, type=TensorType(node.type.shape, dtype))
-        nodes.append(typed)
-        by_name[node.name] = typed
-        dtype_of[node.name] = dtype
+        dtype = policy.io_dtype if node.kind is OpKind.INPUT else policy.dtype_for(node)
+        emitted: list[Node] = []
+        inputs = tuple(read(i, dtype, emitted) for i in node.inputs)
+        typed[node.name] = dataclasses.replace(node, inputs=inputs, type=TensorType(node.type.shape, dtype))
+        emitted.append(typed[node.name])
+        if node.name in graph.outputs:
+            read(node.name, policy.io_dtype, emitted)
+        return emitted
 
-    outputs = [converted(o, policy.io_dtype) for o in graph.outputs]
-    result = Graph(nodes=nodes, weights=graph.weights, outputs=outputs)
-    result.verify()
-    return result
+    return rewrite(graph, assign, outputs=lambda name: casts.get((name, policy.io_dtype), name))
