@@ -13,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from support import assert_refused_before_weights_load, rewritten_checkpoint
 from trtmc.checkpoint import Checkpoint, CheckpointError
 from trtmc.families import UnsupportedModel
 from trtmc.families._layout import LayoutReader, indexed_blocks
@@ -44,6 +45,17 @@ def test_indexed_blocks_numbers_every_level_from_its_own_start(tmp_path):
     gap = _checkpoint(tmp_path / "gap", {f"features.{n}.weight": (4,) for n in ["conv2_1", "conv3_1", "conv3_3"]})
     with pytest.raises(CheckpointError, match=r"the indices \[1, 3\] under 3 in .* are not contiguous from 1"):
         indexed_blocks(gap, pattern, start=(2, 1))
+
+
+def test_a_gap_between_a_family_checkpoints_blocks_is_refused_before_weights_load(timm_checkpoint, tmp_path, monkeypatch):
+    def renumber(state):
+        for name in [n for n in state if n.startswith("layer2.1.")]:
+            state[name.replace("layer2.1.", "layer2.2.")] = state.pop(name)
+
+    folder = rewritten_checkpoint(timm_checkpoint("resnet18"), tmp_path / "r18", renumber)
+    assert_refused_before_weights_load(
+        folder, monkeypatch, CheckpointError, r"resnet18: the indices \[0, 2\] under 2 in the tensor names matching"
+    )
 
 
 def test_conv_must_read_a_width_its_groups_divide(tmp_path):
