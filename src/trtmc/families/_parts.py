@@ -1,7 +1,7 @@
-"""Pieces that several families share: padding math, batch-norm reduction, conv-norm-act, SE.
+"""What several families emit alike: padding math, batch-norm reduction, conv-norm-act, SE, linear, norms.
 
 Each helper reads its tensors by timm module path from the checkpoint and names its nodes after
-that path, so graphs map back to the checkpoint.
+that path, so graphs map back to the checkpoint. Reading a layout is `_layout.py`'s job.
 """
 
 from __future__ import annotations
@@ -33,15 +33,6 @@ def conv_padding(
     ph = ((stride - 1) + dilation * (kernel[0] - 1)) // 2
     pw = ((stride - 1) + dilation * (kernel[1] - 1)) // 2
     return (ph, pw, ph, pw)
-
-
-def make_divisible(value: float, divisor: int = 8, min_value: int | None = None, round_limit: float = 0.9) -> int:
-    """timm's channel rounding."""
-    min_value = min_value or divisor
-    new = max(min_value, int(value + divisor / 2) // divisor * divisor)
-    if new < round_limit * value:
-        new += divisor
-    return new
 
 
 def fold_norm(ckpt: Checkpoint, prefix: str, eps: float) -> tuple[np.ndarray, np.ndarray]:
@@ -139,73 +130,16 @@ def max_pool(g: GraphBuilder, x: Tensor, source: str, kernel: int, stride: int, 
     return g.pool2d(x, source, PoolMode.MAX, kernel, stride, padding)
 
 
-def classifier_head(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str = "classifier") -> Tensor:
-    """The final linear layer; checks its width against the config's class count."""
-    weight = ckpt.tensor(f"{prefix}.weight")
-    if weight.shape[0] != ckpt.config.num_classes:
-        raise CheckpointError(
-            f"{prefix}.weight has {weight.shape[0]} classes but config.json says num_classes="
-            f"{ckpt.config.num_classes}"
-        )
+def linear(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str) -> Tensor:
+    """The linear layer at `prefix`, with its bias if stored (a classifier's width is the layout's check)."""
     bias = ckpt.tensor(f"{prefix}.bias") if f"{prefix}.bias" in ckpt else None
-    return g.linear(x, prefix, weight, bias)
+    return g.linear(x, prefix, ckpt.tensor(f"{prefix}.weight"), bias)
+
+
+def layer_norm(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str, eps: float, *, axis: int = -1) -> Tensor:
+    return g.layer_norm(x, prefix, ckpt.tensor(f"{prefix}.weight"), ckpt.tensor(f"{prefix}.bias"), eps, axis=axis)
 
 
 def image_input(g: GraphBuilder, ckpt: Checkpoint) -> Tensor:
     c, h, w = ckpt.config.pretrained.input_size
     return g.input("pixels", (1, c, h, w))
-
-
-def block_indices(ckpt: Checkpoint, pattern: str) -> list[tuple[int, ...]]:
-    """Sorted, distinct integer groups that `pattern` (a regex with int groups) matches in key names."""
-    import re
-
-    regex = re.compile(pattern)
-    found = set()
-    for name in ckpt.names:
-        m = regex.match(name)
-        if m:
-            found.add(tuple(int(v) for v in m.groups()))
-    return sorted(found)
-
-
-def expect_shape(
-    ckpt: Checkpoint, name: str, *, rank: int | None = None, dims: dict[int, int] | None = None
-) -> tuple[int, ...]:
-    """The shape of tensor `name`, checked against a rank and known sizes (axis -> size) from names
-    and shapes only, so a malformed checkpoint is refused before any weight is read."""
-    shape = ckpt.shape(name)  # raises CheckpointError naming the tensor when it is missing
-    wrong_rank = rank is not None and len(shape) != rank
-    if wrong_rank or any(axis >= len(shape) or shape[axis] != size for axis, size in (dims or {}).items()):
-        want = ", ".join(f"dim {axis} = {size}" for axis, size in sorted((dims or {}).items()))
-        raise CheckpointError(
-            f"{ckpt.config.architecture}: tensor {name!r} has shape {shape}; expected"
-            f"{f' rank {rank}' if rank is not None else ''}{' with ' + want if want else ''}"
-        )
-    return shape
-
-
-def norm_shapes(prefix: str, channels: int) -> dict[str, tuple[int, ...]]:
-    """The four tensors of a batch norm at `prefix`, for an `expect_tensors` table."""
-    return {f"{prefix}.{leaf}": (channels,) for leaf in ("weight", "bias", "running_mean", "running_var")}
-
-
-def expect_tensors(ckpt: Checkpoint, expected: dict[str, tuple[int, ...]]) -> None:
-    """The checkpoint holds exactly the tensors in `expected`, with exactly those shapes.
-
-    Reads names and shapes only. A missing or mis-shaped tensor is a `CheckpointError`; a tensor the
-    layout does not account for (another variant's layer scale or qk-norm, a distillation head) is
-    `UnsupportedModel`, so a build never drops weights silently. Batch-norm `num_batches_tracked`
-    counters are ignored: they do not take part in inference.
-    """
-    from . import UnsupportedModel
-
-    for name, shape in expected.items():
-        expect_shape(ckpt, name, rank=len(shape), dims=dict(enumerate(shape)))
-    unknown = sorted(n for n in ckpt.names if n not in expected and not n.endswith(".num_batches_tracked"))
-    if unknown:
-        shown = ", ".join(f"{n} {ckpt.shape(n)}" for n in unknown[:3])
-        more = f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
-        raise UnsupportedModel(
-            f"{ckpt.config.architecture}: the checkpoint holds tensors this layout does not use: {shown}{more}"
-        )

@@ -7,15 +7,17 @@ is stored as 1x1 convolutions (atto, nano) or as linears (tiny, small) all come 
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..checkpoint import Checkpoint, CheckpointError
-from ..graph import Activation, Graph
+from ..graph import Activation
 from ..graph_builder import GraphBuilder, Tensor
 from . import Family
-from ._parts import block_indices, classifier_head, conv, expect_shape, expect_tensors, image_input
+from ._layout import LayoutReader, indexed_blocks
+from ._parts import conv, image_input, layer_norm, linear
 
 _BLOCK = r"^stages\.(\d+)\.blocks\.(\d+)\."
 
@@ -50,64 +52,63 @@ class Layout:
     stages: tuple[StageSpec, ...]
 
 
+def _block(read: LayoutReader, prefix: str, width: int) -> BlockSpec:
+    """Depthwise conv, norm, and the MLP as linears or as 1x1 convs, with or without layer scale."""
+    kernel = read.shape(f"{prefix}.conv_dw.weight", rank=4)[2]
+    read.tensor(f"{prefix}.conv_dw.weight", (width, 1, kernel, kernel))
+    read.tensor(f"{prefix}.conv_dw.bias", (width,))
+    read.layer_norm(f"{prefix}.norm", width)
+    fc1 = read.shape(f"{prefix}.mlp.fc1.weight")
+    hidden, pointwise = fc1[0], fc1[2:]  # (1, 1) for a conv MLP, () for linears
+    if pointwise not in ((), (1, 1)):
+        raise CheckpointError(f"{read.arch}: {prefix}.mlp.fc1.weight {fc1} is neither a linear nor a 1x1 convolution")
+    read.tensor(f"{prefix}.mlp.fc1.weight", (hidden, width, *pointwise))
+    read.tensor(f"{prefix}.mlp.fc1.bias", (hidden,))
+    read.tensor(f"{prefix}.mlp.fc2.weight", (width, hidden, *pointwise))
+    read.tensor(f"{prefix}.mlp.fc2.bias", (width,))
+    layer_scale = f"{prefix}.gamma" in read
+    if layer_scale:
+        read.tensor(f"{prefix}.gamma", (width,))
+    return BlockSpec(prefix, hidden, layer_scale)
+
+
+def _stage(read: LayoutReader, prefix: str, depth: int, width_in: int) -> StageSpec:
+    """A stage: the patchifying downsample (a norm, then a k x k conv of stride k) where it has one,
+    then its `depth` blocks."""
+    width = read.shape(f"{prefix}.blocks.0.conv_dw.weight", rank=4)[0]
+    downsample = 0
+    if f"{prefix}.downsample.1.weight" in read:
+        downsample = read.shape(f"{prefix}.downsample.1.weight", rank=4)[2]
+        read.layer_norm(f"{prefix}.downsample.0", width_in)
+        read.tensor(f"{prefix}.downsample.1.weight", (width, width_in, downsample, downsample))
+        read.tensor(f"{prefix}.downsample.1.bias", (width,))
+    elif width != width_in:
+        raise CheckpointError(f"{read.arch}: {prefix} widens {width_in} -> {width} channels without a downsample")
+    blocks = tuple(_block(read, f"{prefix}.blocks.{j}", width) for j in range(depth))
+    return StageSpec(prefix, width, downsample, blocks)
+
+
 def derive_layout(ckpt: Checkpoint, arch: ConvNeXtConfig) -> Layout:
     """Stages and blocks from the key names, widths and kernels from the shapes; names and shapes only."""
-    name = ckpt.config.architecture
-    names = set(ckpt.names)
+    read = LayoutReader(ckpt)
     in_chans = ckpt.config.pretrained.input_size[0]
-    stem_width, _, patch, patch_w = expect_shape(ckpt, "stem.0.weight", rank=4, dims={1: in_chans})
+    stem_width, _, patch, patch_w = read.shape("stem.0.weight", rank=4, dims={1: in_chans})
     if patch != patch_w:
-        raise CheckpointError(f"{name}: stem.0.weight {(stem_width, in_chans, patch, patch_w)} is not a square patch")
-    expected = {"stem.0.weight": (stem_width, in_chans, patch, patch)}
-    expected.update({key: (stem_width,) for key in ("stem.0.bias", "stem.1.weight", "stem.1.bias")})
-
-    indices = block_indices(ckpt, _BLOCK)
-    stage_ids = sorted({s for s, _ in indices})
-    if stage_ids != list(range(len(stage_ids))) or not stage_ids:
-        raise CheckpointError(f"{name}: stage indices {stage_ids} in stages.<i>.blocks.<j> are not 0, 1, 2, ...")
-    stages, width_in = [], stem_width
-    for s in stage_ids:
-        prefix = f"stages.{s}"
-        block_ids = [j for t, j in indices if t == s]
-        if block_ids != list(range(len(block_ids))):
-            raise CheckpointError(f"{name}: block indices {block_ids} of {prefix} are not 0, 1, 2, ...")
-        width = expect_shape(ckpt, f"{prefix}.blocks.0.conv_dw.weight", rank=4)[0]
-        downsample = 0
-        if f"{prefix}.downsample.1.weight" in names:
-            downsample = expect_shape(ckpt, f"{prefix}.downsample.1.weight", rank=4)[2]
-            expected[f"{prefix}.downsample.1.weight"] = (width, width_in, downsample, downsample)
-            expected[f"{prefix}.downsample.1.bias"] = (width,)
-            expected[f"{prefix}.downsample.0.weight"] = expected[f"{prefix}.downsample.0.bias"] = (width_in,)
-        elif width != width_in:
-            raise CheckpointError(f"{name}: {prefix} widens {width_in} -> {width} channels without a downsample")
-        blocks = []
-        for j in block_ids:
-            bp = f"{prefix}.blocks.{j}"
-            kernel = expect_shape(ckpt, f"{bp}.conv_dw.weight", rank=4)[2]
-            fc1 = expect_shape(ckpt, f"{bp}.mlp.fc1.weight")
-            hidden, pointwise = fc1[0], fc1[2:]  # (1, 1) for a conv MLP, () for linears
-            if pointwise not in ((), (1, 1)):
-                raise CheckpointError(f"{name}: {bp}.mlp.fc1.weight {fc1} is neither a linear nor a 1x1 convolution")
-            blocks.append(BlockSpec(bp, hidden, f"{bp}.gamma" in names))
-            expected[f"{bp}.conv_dw.weight"] = (width, 1, kernel, kernel)
-            expected[f"{bp}.mlp.fc1.weight"] = (hidden, width, *pointwise)
-            expected[f"{bp}.mlp.fc2.weight"] = (width, hidden, *pointwise)
-            expected[f"{bp}.mlp.fc1.bias"] = (hidden,)
-            for leaf in ("conv_dw.bias", "norm.weight", "norm.bias", "mlp.fc2.bias", "gamma"):
-                if leaf != "gamma" or blocks[-1].layer_scale:
-                    expected[f"{bp}.{leaf}"] = (width,)
-        stages.append(StageSpec(prefix, width, downsample, tuple(blocks)))
-        width_in = width
-
-    expected["head.norm.weight"] = expected["head.norm.bias"] = (width_in,)
-    expected["head.fc.weight"] = (ckpt.config.num_classes, width_in)
-    expected["head.fc.bias"] = (ckpt.config.num_classes,)
-    expect_tensors(ckpt, expected)
+        raise CheckpointError(f"{read.arch}: stem.0.weight {(stem_width, in_chans, patch, patch_w)} is not a square patch")
+    read.conv("stem.0", in_chans, bias=True)
+    read.layer_norm("stem.1", stem_width)
+    indices = indexed_blocks(ckpt, _BLOCK)
+    if not indices:
+        raise CheckpointError(f"{read.arch}: no stages.<i>.blocks.<j> tensors; not a ConvNeXt checkpoint")
+    depths = Counter(stage for stage, _ in indices)  # numbered without gaps: blocks 0..depth - 1
+    stages, width = [], stem_width
+    for stage in sorted(depths):
+        stages.append(_stage(read, f"stages.{stage}", depths[stage], width))
+        width = stages[-1].width
+    read.layer_norm("head.norm", width)
+    read.classifier("head.fc", width, bias=True)
+    read.finish()
     return Layout(patch, stem_width, tuple(stages))
-
-
-def _norm(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str, eps: float, axis: int = 1) -> Tensor:
-    return g.layer_norm(x, prefix, ckpt.tensor(f"{prefix}.weight"), ckpt.tensor(f"{prefix}.bias"), eps, axis=axis)
 
 
 def _pointwise(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str) -> Tensor:
@@ -116,12 +117,12 @@ def _pointwise(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str) -> Ten
     return g.conv2d(x, prefix, weight.reshape(*weight.shape[:2], 1, 1), ckpt.tensor(f"{prefix}.bias"))
 
 
-def _block(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, block: BlockSpec, arch: ConvNeXtConfig) -> Tensor:
+def _emit_block(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, block: BlockSpec, arch: ConvNeXtConfig) -> Tensor:
     # The whole block stays NCHW: the norm reduces over axis 1 and the MLP runs as 1x1 convolutions,
     # so the linear variants need none of timm's two permutes per block.
     p = block.prefix
     y = conv(g, x, ckpt, f"{p}.conv_dw")
-    y = _norm(g, y, ckpt, f"{p}.norm", arch.norm_eps)
+    y = layer_norm(g, y, ckpt, f"{p}.norm", arch.norm_eps, axis=1)
     y = _pointwise(g, y, ckpt, f"{p}.mlp.fc1")
     y = g.activation(y, arch.act, f"{p}.mlp.act")
     y = _pointwise(g, y, ckpt, f"{p}.mlp.fc2")
@@ -136,25 +137,18 @@ def _block(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, block: BlockSpec, arch:
 def emit(g: GraphBuilder, ckpt: Checkpoint, layout: Layout, arch: ConvNeXtConfig) -> Tensor:
     x = image_input(g, ckpt)
     x = conv(g, x, ckpt, "stem.0", stride=layout.patch, padding=0)
-    x = _norm(g, x, ckpt, "stem.1", arch.norm_eps)
+    x = layer_norm(g, x, ckpt, "stem.1", arch.norm_eps, axis=1)
     for stage in layout.stages:
         if stage.downsample:
-            x = _norm(g, x, ckpt, f"{stage.prefix}.downsample.0", arch.norm_eps)
+            x = layer_norm(g, x, ckpt, f"{stage.prefix}.downsample.0", arch.norm_eps, axis=1)
             # timm pads the 2x2 stride-2 downsample with 0, not with its usual (k - 1 + s - 1) // 2.
             x = conv(g, x, ckpt, f"{stage.prefix}.downsample.1", stride=stage.downsample, padding=0)
         for block in stage.blocks:
-            x = _block(g, x, ckpt, block, arch)
+            x = _emit_block(g, x, ckpt, block, arch)
     # timm's default ConvNeXt head pools first and normalizes after (head_norm_first=False).
     x = g.global_avg_pool(x, "head.global_pool")
-    x = _norm(g, x, ckpt, "head.norm", arch.norm_eps, axis=-1)
-    return classifier_head(g, x, ckpt, "head.fc")
-
-
-def build(ckpt: Checkpoint, arch: ConvNeXtConfig) -> Graph:
-    layout = derive_layout(ckpt, arch)
-    g = GraphBuilder()
-    g.output(emit(g, ckpt, layout, arch))
-    return g.finish()
+    x = layer_norm(g, x, ckpt, "head.norm", arch.norm_eps)
+    return linear(g, x, ckpt, "head.fc")
 
 
 FAMILY = Family(
@@ -166,5 +160,6 @@ FAMILY = Family(
         "convnext_tiny": ConvNeXtConfig(),
         "convnext_small": ConvNeXtConfig(),
     },
-    build=build,
+    derive_layout=derive_layout,
+    emit=emit,
 )

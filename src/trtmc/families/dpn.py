@@ -8,32 +8,18 @@ a stage from its `c1x1_w_s1`/`c1x1_w_s2` projection, groups and widths from shap
 
 from __future__ import annotations
 
-import logging
-import re
 from dataclasses import dataclass
 
 from ..checkpoint import Checkpoint, CheckpointError
-from ..graph import Activation, Graph
+from ..graph import Activation
 from ..graph_builder import GraphBuilder, Tensor
 from . import Family, UnsupportedModel
-from ._parts import (
-    act,
-    batch_norm,
-    block_indices,
-    conv,
-    conv_norm_act,
-    expect_shape,
-    expect_tensors,
-    image_input,
-    max_pool,
-    norm_shapes,
-)
-
-log = logging.getLogger(__name__)
+from ._layout import LayoutReader, indexed_blocks, matched_indices
+from ._parts import act, batch_norm, conv, conv_norm_act, image_input, max_pool
 
 _STEM = "features.conv1_1"
 _BLOCK = r"^features\.conv(\d+)_(\d+)\.c1x1_a\."
-_FINAL = re.compile(r"^features\.conv(\d+)_bn_ac\.bn\.weight$")
+_FINAL = r"^features\.conv(\d+)_bn_ac\.bn\.weight$"
 # The projection's member name is its stride: timm names it after the key stride of the block.
 _PROJECTIONS = {"c1x1_w_s1": 1, "c1x1_w_s2": 2}
 
@@ -65,52 +51,44 @@ class DualPathSpec:
 
 @dataclass(frozen=True)
 class Layout:
-    arch: str
     blocks: tuple[DualPathSpec, ...]
     final_norm: str  # features.conv<last>_bn_ac: norm + ReLU on the concatenated pair
-    num_classes: int
 
 
-def _block(ckpt: Checkpoint, expected: dict, prefix: str, in_chs: int, residual: int | None) -> DualPathSpec:
+def _block(read: LayoutReader, prefix: str, in_chs: int, residual: int | None) -> DualPathSpec:
     """One dual-path block; `residual` is the stage's summed width, None for the block that heads it."""
-    arch = ckpt.config.architecture
-    projections = [leaf for leaf in _PROJECTIONS if f"{prefix}.{leaf}.conv.weight" in ckpt]
+    projections = [leaf for leaf in _PROJECTIONS if f"{prefix}.{leaf}.conv.weight" in read]
     if len(projections) > 1 or (residual is None) != bool(projections):
         raise CheckpointError(
-            f"{arch}: {prefix} has projections {projections}; only the first block of a stage projects, with one"
+            f"{read.arch}: {prefix} has projections {projections}; only the first block of a stage projects, with one"
         )
     projection = projections[0] if projections else None
-    split_convs = f"{prefix}.c1x1_c1.weight" in ckpt
+    split_convs = f"{prefix}.c1x1_c1.weight" in read
 
-    expected.update(norm_shapes(f"{prefix}.c1x1_a.bn", in_chs))
-    mid = expect_shape(ckpt, f"{prefix}.c1x1_a.conv.weight", rank=4, dims={1: in_chs, 2: 1, 3: 1})[0]
-    expected[f"{prefix}.c1x1_a.conv.weight"] = (mid, in_chs, 1, 1)
-    expected.update(norm_shapes(f"{prefix}.c3x3_b.bn", mid))
-    grouped = expect_shape(ckpt, f"{prefix}.c3x3_b.conv.weight", rank=4)
+    # timm's BnActConv2d: each norm normalizes the input of the conv it precedes.
+    read.batch_norm(f"{prefix}.c1x1_a.bn", in_chs)
+    mid = read.conv(f"{prefix}.c1x1_a.conv", in_chs, bias=False, dims={1: in_chs, 2: 1, 3: 1})
+    read.batch_norm(f"{prefix}.c3x3_b.bn", mid)
+    grouped = read.shape(f"{prefix}.c3x3_b.conv.weight", rank=4)
     if mid % grouped[1] or grouped[0] % (mid // grouped[1]):
         raise CheckpointError(
-            f"{arch}: {prefix}.c3x3_b.conv.weight {grouped} does not split {mid} input channels into groups"
+            f"{read.arch}: {prefix}.c3x3_b.conv.weight {grouped} does not split {mid} input channels into groups"
         )
-    expected[f"{prefix}.c3x3_b.conv.weight"] = grouped
-    width = grouped[0]
-    expected.update(norm_shapes(f"{prefix}.c1x1_c.bn", width))
+    width = read.conv(f"{prefix}.c3x3_b.conv", mid, bias=False)
+    read.batch_norm(f"{prefix}.c1x1_c.bn", width)
     # What the block emits: the residual plus one increment of dense channels, from one convolution
     # split afterwards or ("b") from two.
     if split_convs:
-        produced = expect_shape(ckpt, f"{prefix}.c1x1_c1.weight", rank=4, dims={1: width})[0]
-        inc = expect_shape(ckpt, f"{prefix}.c1x1_c2.weight", rank=4, dims={1: width})[0]
-        expected[f"{prefix}.c1x1_c1.weight"] = (produced, width, 1, 1)
-        expected[f"{prefix}.c1x1_c2.weight"] = (inc, width, 1, 1)
+        produced = read.conv(f"{prefix}.c1x1_c1", width, bias=False, dims={1: width, 2: 1, 3: 1})
+        inc = read.conv(f"{prefix}.c1x1_c2", width, bias=False, dims={1: width, 2: 1, 3: 1})
     else:
-        produced = expect_shape(ckpt, f"{prefix}.c1x1_c.conv.weight", rank=4, dims={1: width})[0]
-        expected[f"{prefix}.c1x1_c.conv.weight"] = (produced, width, 1, 1)
+        produced = read.conv(f"{prefix}.c1x1_c.conv", width, bias=False, dims={1: width, 2: 1, 3: 1})
 
     stride = 1
     if projection is not None:
         # The projection emits the residual plus two increments: with what c1x1_c emits, that fixes both.
-        projected = expect_shape(ckpt, f"{prefix}.{projection}.conv.weight", rank=4, dims={1: in_chs})[0]
-        expected.update(norm_shapes(f"{prefix}.{projection}.bn", in_chs))
-        expected[f"{prefix}.{projection}.conv.weight"] = (projected, in_chs, 1, 1)
+        read.batch_norm(f"{prefix}.{projection}.bn", in_chs)
+        projected = read.conv(f"{prefix}.{projection}.conv", in_chs, bias=False, dims={1: in_chs, 2: 1, 3: 1})
         if not split_convs:
             inc = projected - produced
         residual = projected - 2 * inc
@@ -119,7 +97,7 @@ def _block(ckpt: Checkpoint, expected: dict, prefix: str, in_chs: int, residual:
         inc = produced - residual
     if inc <= 0 or residual <= 0 or produced != residual + (0 if split_convs else inc):
         raise CheckpointError(
-            f"{arch}: {prefix} emits {produced}{f' + {inc}' if split_convs else ''} channels from c1x1_c, "
+            f"{read.arch}: {prefix} emits {produced}{f' + {inc}' if split_convs else ''} channels from c1x1_c, "
             f"which do not fit a residual path of {residual} channels"
         )
     return DualPathSpec(prefix, in_chs, projection, stride, residual, inc, split_convs)
@@ -131,42 +109,33 @@ def derive_layout(ckpt: Checkpoint, config: DPNConfig) -> Layout:
     Reads names and shapes only, so a malformed checkpoint is refused before any weight loads; a
     tensor the layout does not account for is refused too, so no weight is dropped silently.
     """
-    arch = ckpt.config.architecture
-    indices = block_indices(ckpt, _BLOCK)
-    stages = sorted({s for s, _ in indices})
-    if not stages:
-        raise UnsupportedModel(f"{arch}: no features.conv<stage>_<block>.c1x1_a tensors; is this a DPN checkpoint?")
-    if stages != list(range(2, len(stages) + 2)):
-        raise CheckpointError(f"{arch}: dual-path stages {stages} are not contiguous from conv2")
-
-    expected: dict[str, tuple[int, ...]] = {}
-    stem = expect_shape(ckpt, f"{_STEM}.conv.weight", rank=4, dims={1: 3})
-    expected[f"{_STEM}.conv.weight"] = stem
-    expected.update(norm_shapes(f"{_STEM}.bn", stem[0]))
+    read = LayoutReader(ckpt)
+    # Stages are numbered from conv2 (conv1 is the stem), their blocks from 1.
+    indices = indexed_blocks(ckpt, _BLOCK, start=(2, 1))
+    if not indices:
+        raise UnsupportedModel(
+            f"{read.arch}: no features.conv<stage>_<block>.c1x1_a tensors; is this a DPN checkpoint?"
+        )
+    stem = read.conv(f"{_STEM}.conv", 3, norm=f"{_STEM}.bn", bias=False, dims={1: 3})
     blocks: list[DualPathSpec] = []
-    residual, dense = stem[0], 0  # the stem output enters the first block as a single tensor
-    for stage in stages:
-        numbers = [b for s, b in indices if s == stage]
-        if numbers != list(range(1, len(numbers) + 1)):
-            raise CheckpointError(f"{arch}: features.conv{stage}_* block indices {numbers} are not contiguous from 1")
-        stage_residual = None
-        for number in numbers:
-            spec = _block(ckpt, expected, f"features.conv{stage}_{number}", residual + dense, stage_residual)
-            blocks.append(spec)
-            stage_residual = residual = spec.residual
-            # A projecting block starts the dense path with its two increments; every block appends one.
-            dense = (2 * spec.inc if spec.projection else dense) + spec.inc
+    residual, dense = stem, 0  # the stem output enters the first block as a single tensor
+    for stage, number in indices:
+        stage_residual = None if number == 1 else residual
+        spec = _block(read, f"features.conv{stage}_{number}", residual + dense, stage_residual)
+        blocks.append(spec)
+        residual = spec.residual
+        # A projecting block starts the dense path with its two increments; every block appends one.
+        dense = (2 * spec.inc if spec.projection else dense) + spec.inc
 
-    final = [int(m.group(1)) for m in map(_FINAL.match, ckpt.names) if m]
-    if final != [stages[-1]]:
-        raise CheckpointError(f"{arch}: expected the final norm features.conv{stages[-1]}_bn_ac, found stages {final}")
-    final_norm = f"features.conv{stages[-1]}_bn_ac"
-    expected.update(norm_shapes(f"{final_norm}.bn", residual + dense))
-    num_classes = ckpt.config.num_classes
-    expected["classifier.weight"] = (num_classes, residual + dense, 1, 1)
-    expected["classifier.bias"] = (num_classes,)
-    expect_tensors(ckpt, expected)
-    return Layout(arch, tuple(blocks), final_norm, num_classes)
+    last = indices[-1][0]
+    final = [stage for (stage,) in matched_indices(ckpt, _FINAL)]
+    if final != [last]:
+        raise CheckpointError(f"{read.arch}: expected the final norm features.conv{last}_bn_ac, found stages {final}")
+    final_norm = f"features.conv{last}_bn_ac"
+    read.batch_norm(f"{final_norm}.bn", residual + dense)
+    read.classifier("classifier", residual + dense, bias=True, pointwise=True)
+    read.finish()
+    return Layout(tuple(blocks), final_norm)
 
 
 # ---- emission -------------------------------------------------------------------------------
@@ -205,8 +174,7 @@ def _dual_path(
     return g.add(x_s1, out1, f"{p}.resid"), g.concat([x_s2, out2], 1, f"{p}.dense")
 
 
-def emit(ckpt: Checkpoint, layout: Layout, config: DPNConfig) -> Graph:
-    g = GraphBuilder()
+def emit(g: GraphBuilder, ckpt: Checkpoint, layout: Layout, config: DPNConfig) -> Tensor:
     x = image_input(g, ckpt)
     x = conv_norm_act(g, x, ckpt, f"{_STEM}.conv", f"{_STEM}.bn", config.act, eps=config.eps, stride=2)
     kernel, stride, padding = config.stem_pool
@@ -218,14 +186,7 @@ def emit(ckpt: Checkpoint, layout: Layout, config: DPNConfig) -> Graph:
     # timm's DPN head pools first and classifies with a 1x1 convolution (bias included), then flattens.
     x = g.global_avg_pool(x, "global_pool", keepdim=True)
     x = conv(g, x, ckpt, "classifier")
-    g.output(g.flatten(x, "flatten"))
-    return g.finish()
-
-
-def build(ckpt: Checkpoint, config: DPNConfig) -> Graph:
-    layout = derive_layout(ckpt, config)
-    log.debug("%s: %d dual-path blocks", layout.arch, len(layout.blocks))
-    return emit(ckpt, layout, config)
+    return g.flatten(x, "flatten")
 
 
 FAMILY = Family(
@@ -241,5 +202,6 @@ FAMILY = Family(
         "dpn107": DPNConfig(),
         "dpn131": DPNConfig(),
     },
-    build=build,
+    derive_layout=derive_layout,
+    emit=emit,
 )

@@ -6,33 +6,21 @@ whose emitters mobilenetv3.py shares. It reads `conv_stem`/`bn1`, every
 
 from __future__ import annotations
 
-import logging
 import re
 from dataclasses import dataclass, replace
 from enum import Enum
 
 from ..checkpoint import Checkpoint, CheckpointError
-from ..graph import Activation, Graph
+from ..graph import Activation
 from ..graph_builder import GraphBuilder, Tensor
 from . import Family
-from ._parts import (
-    block_indices,
-    classifier_head,
-    conv_norm_act,
-    expect_shape,
-    expect_tensors,
-    image_input,
-    norm_shapes,
-    squeeze_excite,
-)
-
-log = logging.getLogger(__name__)
+from ._layout import LayoutReader, indexed_blocks
+from ._parts import conv_norm_act, image_input, linear, squeeze_excite
 
 # timm builds every `tf_` port with BN_EPS_TF_DEFAULT (1e-3) and TF "SAME" padding; its own
 # re-trained models keep PyTorch's BatchNorm2d default eps.
 TIMM_EPS = 1e-5
 TF_EPS = 1e-3
-
 
 
 class BlockKind(str, Enum):
@@ -119,36 +107,25 @@ _DISTINGUISHING = (
 )
 
 
-def _derive_block(
-    ckpt: Checkpoint, prefix: str, width: int, stride: int, act: Activation, expected: dict[str, tuple[int, ...]]
-) -> BlockSpec:
-    """One block from its keys and shapes; adds every tensor it uses to `expected`."""
-    kind = next((k for k, conv in _DISTINGUISHING if f"{prefix}.{conv}.weight" in ckpt), None)
+def _derive_block(read: LayoutReader, prefix: str, width: int, stride: int, act: Activation) -> BlockSpec:
+    """One block from its keys and shapes, every tensor of it placed."""
+    kind = next((k for k, conv in _DISTINGUISHING if f"{prefix}.{conv}.weight" in read), None)
     if kind is None:
         raise CheckpointError(
-            f"{ckpt.config.architecture}: {prefix} holds none of conv_pwl, conv_dw or conv weights, so it is no timm block"
+            f"{read.arch}: {prefix} holds none of conv_pwl, conv_dw or conv weights, so it is no timm block"
         )
     in_width, se_width = width, None
     for conv, norm in _CONVS[kind]:
-        key = f"{prefix}.{conv}.weight"
         # Each convolution reads the width the one before it wrote; a depthwise one keeps its width
         # (its weight is [channels, 1, k, k]). Squeeze-excite sits right after it, at that width.
         depthwise = conv == "conv_dw"
-        expected[key] = expect_shape(ckpt, key, rank=4, dims={0: width, 1: 1} if depthwise else {1: width})
-        width = expected[key][0]
+        dims = {0: width, 1: 1} if depthwise else {1: width}
+        width = read.conv(f"{prefix}.{conv}", width, norm=f"{prefix}.{norm}", bias=False, dims=dims)
         se_width = width if depthwise else se_width
-        expected.update(norm_shapes(f"{prefix}.{norm}", width))
-    # A ConvBnAct has no place for SE; tensors of one there are refused as unknown by expect_tensors.
-    se = se_width is not None and f"{prefix}.se.conv_reduce.weight" in ckpt
+    # A ConvBnAct has no place for SE; tensors of one there are refused as unknown by `finish`.
+    se = se_width is not None and f"{prefix}.se.conv_reduce.weight" in read
     if se:
-        reduce = expect_shape(ckpt, f"{prefix}.se.conv_reduce.weight", rank=4, dims={1: se_width, 2: 1, 3: 1})
-        rd = reduce[0]  # timm rounds the SE width per network; the tensor states it
-        expected.update({
-            f"{prefix}.se.conv_reduce.weight": reduce,
-            f"{prefix}.se.conv_reduce.bias": (rd,),
-            f"{prefix}.se.conv_expand.weight": (se_width, rd, 1, 1),
-            f"{prefix}.se.conv_expand.bias": (se_width,),
-        })
+        read.squeeze_excite(f"{prefix}.se", se_width)  # timm rounds the SE width per network; the tensor says it
     return BlockSpec(
         prefix=prefix,
         kind=kind,
@@ -163,33 +140,26 @@ def _derive_block(
     )
 
 
-def _derive_blocks(
-    ckpt: Checkpoint, arch: ArchConfig, in_width: int, expected: dict[str, tuple[int, ...]]
-) -> tuple[BlockSpec, ...]:
+def _derive_blocks(read: LayoutReader, arch: ArchConfig, in_width: int) -> tuple[BlockSpec, ...]:
     """Every block of `blocks.<stage>.<block>`: class from its keys, widths from its shapes.
 
     Only the stride and activation of a stage come from `arch.stages`. The widths must chain from
     `in_width` (the stem's) through every block, so a mis-shaped tensor is refused here, before
     any weight is read.
     """
-    name = ckpt.config.architecture
-    found = block_indices(ckpt, r"^blocks\.(\d+)\.(\d+)\.")
+    found = indexed_blocks(read.ckpt, r"^blocks\.(\d+)\.(\d+)\.")
     stages = sorted({stage for stage, _ in found})
-    if stages != list(range(len(arch.stages))):
+    if len(stages) != len(arch.stages):
         raise CheckpointError(
-            f"{name}: the checkpoint has blocks.<stage> indices {stages}, but {name} has "
+            f"{read.arch}: the checkpoint has blocks.<stage> indices {stages}, but {read.arch} has "
             f"{len(arch.stages)} stages (0..{len(arch.stages) - 1})"
         )
     blocks: list[BlockSpec] = []
-    for stage, spec in enumerate(arch.stages):
-        depth = [index for s, index in found if s == stage]
-        if depth != list(range(len(depth))):
-            raise CheckpointError(f"{name}: blocks.{stage} has block indices {depth}, not 0..{len(depth) - 1}")
-        for index in depth:
-            width = blocks[-1].out_width if blocks else in_width
-            stride = spec.stride if index == 0 else 1
-            act = spec.act or arch.act
-            blocks.append(_derive_block(ckpt, f"blocks.{stage}.{index}", width, stride, act, expected))
+    for stage, index in found:
+        spec = arch.stages[stage]
+        width = blocks[-1].out_width if blocks else in_width
+        stride = spec.stride if index == 0 else 1
+        blocks.append(_derive_block(read, f"blocks.{stage}.{index}", width, stride, spec.act or arch.act))
     return tuple(blocks)
 
 
@@ -199,16 +169,16 @@ def derive_layout(ckpt: Checkpoint, arch: ArchConfig, *, head_norm: bool = True)
     `head_norm` (timm's name): EfficientNet follows conv_head with batch norm; MobileNetV3's
     conv_head has a bias instead.
     """
-    stem = expect_shape(ckpt, "conv_stem.weight", rank=4, dims={1: ckpt.config.pretrained.input_size[0]})
-    expected = {"conv_stem.weight": stem, **norm_shapes("bn1", stem[0])}
-    blocks = _derive_blocks(ckpt, arch, stem[0], expected)
-    head = expect_shape(ckpt, "conv_head.weight", rank=4, dims={1: blocks[-1].out_width, 2: 1, 3: 1})
-    expected["conv_head.weight"] = head
-    expected.update(norm_shapes("bn2", head[0]) if head_norm else {"conv_head.bias": (head[0],)})
-    classes = ckpt.config.num_classes
-    expected.update({"classifier.weight": (classes, head[0]), "classifier.bias": (classes,)})
-    expect_tensors(ckpt, expected)
-    return Layout(blocks, head[0])
+    read = LayoutReader(ckpt)
+    in_chans = ckpt.config.pretrained.input_size[0]
+    stem = read.conv("conv_stem", in_chans, norm="bn1", bias=False, dims={1: in_chans})
+    blocks = _derive_blocks(read, arch, stem)
+    width = blocks[-1].out_width
+    norm = "bn2" if head_norm else None
+    head = read.conv("conv_head", width, norm=norm, bias=not head_norm, dims={1: width, 2: 1, 3: 1})
+    read.classifier("classifier", head, bias=True)
+    read.finish()
+    return Layout(blocks, head)
 
 
 # ---- emission ---------------------------------------------------------------------------------
@@ -243,21 +213,13 @@ def emit_block(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, block: BlockSpec, a
     return g.add(y, x, p) if block.skip else y
 
 
-def emit(ckpt: Checkpoint, layout: Layout, arch: ArchConfig) -> Graph:
-    g = GraphBuilder()
+def emit(g: GraphBuilder, ckpt: Checkpoint, layout: Layout, arch: ArchConfig) -> Tensor:
     x = emit_stem(g, ckpt, arch)
     for block in layout.blocks:
         x = emit_block(g, x, ckpt, block, arch)
     x = conv_norm_act(g, x, ckpt, "conv_head", "bn2", arch.act, eps=arch.eps, tf_same=arch.tf_same)
     x = g.global_avg_pool(x, "global_pool")
-    g.output(classifier_head(g, x, ckpt))
-    return g.finish()
-
-
-def build(ckpt: Checkpoint, arch: ArchConfig) -> Graph:
-    layout = derive_layout(ckpt, arch)
-    log.debug("%s: %d blocks, head %d", ckpt.config.architecture, len(layout.blocks), layout.head_width)
-    return emit(ckpt, layout, arch)
+    return linear(g, x, ckpt, "classifier")
 
 
 # ---- registration -----------------------------------------------------------------------------
@@ -293,5 +255,6 @@ FAMILY = Family(
     name="efficientnet",
     summary="EfficientNet B0-B3, EfficientNet-Lite0-4 and MobileNetV2: inverted-residual blocks, optional SE",
     architectures=ARCHITECTURES,
-    build=build,
+    derive_layout=derive_layout,
+    emit=emit,
 )

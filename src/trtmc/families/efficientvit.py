@@ -13,12 +13,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..checkpoint import Checkpoint, CheckpointError
-from ..graph import Activation, Binary, Graph
+from ..graph import Activation, Binary
 from ..graph_builder import GraphBuilder, Tensor
 from . import Family
-from ._parts import (
-    act, batch_norm, block_indices, classifier_head, conv, expect_shape, expect_tensors, image_input, norm_shapes,
-)
+from ._layout import LayoutReader, indexed_blocks
+from ._parts import act, batch_norm, conv, image_input, layer_norm, linear
 
 
 @dataclass(frozen=True)
@@ -73,105 +72,78 @@ class Layout:
     head: ConvSpec
 
 
-class _Reader:
-    """Walks the checkpoint's names and shapes, recording every tensor a spec will read."""
+def _conv(read: LayoutReader, prefix: str, width: int, *, stride: int = 1, act: bool = False) -> tuple[ConvSpec, int]:
+    norm = f"{prefix}.norm.weight" in read
+    out = read.conv(f"{prefix}.conv", width, norm=f"{prefix}.norm" if norm else None)
+    return ConvSpec(prefix, stride, norm, act), out
 
-    def __init__(self, ckpt: Checkpoint) -> None:
-        self.ckpt, self.names = ckpt, set(ckpt.names)
-        self.arch = ckpt.config.architecture
-        self.expected: dict[str, tuple[int, ...]] = {}
 
-    def conv(self, prefix: str, width: int, *, stride: int = 1, act: bool = False) -> tuple[ConvSpec, int]:
-        shape = expect_shape(self.ckpt, f"{prefix}.conv.weight", rank=4)
-        out = shape[0]
-        if width % shape[1]:
-            raise CheckpointError(f"{self.arch}: {prefix}.conv.weight {shape} cannot read {width} channels")
-        self.expected[f"{prefix}.conv.weight"] = shape
-        if f"{prefix}.conv.bias" in self.names:
-            self.expected[f"{prefix}.conv.bias"] = (out,)
-        norm = f"{prefix}.norm.weight" in self.names
-        if norm:
-            self.expected.update(norm_shapes(f"{prefix}.norm", out))
-        return ConvSpec(prefix, stride, norm, act), out
+def _local(read: LayoutReader, prefix: str, width: int, *, stride: int, residual: bool) -> tuple[LocalBlock, int]:
+    # MBConv expands with `inverted_conv` first; DSConv starts at the depthwise conv. The stride
+    # sits on the depthwise conv, and the closing `point_conv` has no activation.
+    leaves = ("depth_conv", "point_conv")
+    if f"{prefix}.main.inverted_conv.conv.weight" in read:
+        leaves = ("inverted_conv",) + leaves
+    convs, out = [], width
+    for leaf in leaves:
+        spec, out = _conv(
+            read, f"{prefix}.main.{leaf}", out, stride=stride if leaf == "depth_conv" else 1, act=leaf != "point_conv"
+        )
+        convs.append(spec)
+    if residual and out != width:
+        raise CheckpointError(f"{read.arch}: residual block {prefix} maps {width} channels to {out}")
+    return LocalBlock(prefix, tuple(convs), residual), out
 
-    def local(self, prefix: str, width: int, *, stride: int, residual: bool) -> tuple[LocalBlock, int]:
-        # MBConv expands with `inverted_conv` first; DSConv starts at the depthwise conv. The stride
-        # sits on the depthwise conv, and the closing `point_conv` has no activation.
-        leaves = ("depth_conv", "point_conv")
-        if f"{prefix}.main.inverted_conv.conv.weight" in self.names:
-            leaves = ("inverted_conv",) + leaves
-        convs, out = [], width
-        for leaf in leaves:
-            spec, out = self.conv(
-                f"{prefix}.main.{leaf}", out, stride=stride if leaf == "depth_conv" else 1, act=leaf != "point_conv"
-            )
-            convs.append(spec)
-        if residual and out != width:
-            raise CheckpointError(f"{self.arch}: residual block {prefix} maps {width} channels to {out}")
-        return LocalBlock(prefix, tuple(convs), residual), out
 
-    def attention(self, prefix: str, width: int) -> AttentionBlock:
-        main = f"{prefix}.main"
-        qkv, qkv_width = self.conv(f"{main}.qkv", width)
-        scales = len(block_indices(self.ckpt, rf"^{re.escape(main)}\.aggreg\.(\d+)\.0\.weight$"))
-        if not scales:
-            raise CheckpointError(f"{self.arch}: {main} has no aggreg.<k> convolutions to give its head width")
-        # The grouped 1x1 of each aggregation branch has one group per (q, k, v) of a head, so the
-        # per-group input width is the head width.
-        head_dim = expect_shape(self.ckpt, f"{main}.aggreg.0.1.weight", rank=4)[1]
-        if qkv_width % (3 * head_dim):
-            raise CheckpointError(
-                f"{self.arch}: {main}.qkv.conv.weight {(qkv_width, width, 1, 1)} does not split into q, k, v "
-                f"heads of {head_dim} channels"
-            )
-        for k in range(scales):
-            kernel = expect_shape(self.ckpt, f"{main}.aggreg.{k}.0.weight", rank=4)[2]
-            self.expected[f"{main}.aggreg.{k}.0.weight"] = (qkv_width, 1, kernel, kernel)
-            self.expected[f"{main}.aggreg.{k}.1.weight"] = (qkv_width, head_dim, 1, 1)
-        proj, out = self.conv(f"{main}.proj", qkv_width // 3 * (1 + scales))
-        if out != width:
-            raise CheckpointError(f"{self.arch}: {main}.proj maps back to {out} channels, not {width}")
-        return AttentionBlock(prefix, qkv, scales, head_dim, proj)
+def _attention(read: LayoutReader, prefix: str, width: int) -> AttentionBlock:
+    main = f"{prefix}.main"
+    qkv, qkv_width = _conv(read, f"{main}.qkv", width)
+    scales = len(indexed_blocks(read.ckpt, rf"^{re.escape(main)}\.aggreg\.(\d+)\.0\.weight$"))
+    if not scales:
+        raise CheckpointError(f"{read.arch}: {main} has no aggreg.<k> convolutions to give its head width")
+    # The grouped 1x1 of each aggregation branch has one group per (q, k, v) of a head, so the
+    # per-group input width is the head width.
+    head_dim = read.shape(f"{main}.aggreg.0.1.weight", rank=4)[1]
+    if qkv_width % (3 * head_dim):
+        raise CheckpointError(
+            f"{read.arch}: {main}.qkv.conv.weight {(qkv_width, width, 1, 1)} does not split into q, k, v "
+            f"heads of {head_dim} channels"
+        )
+    for k in range(scales):
+        kernel = read.shape(f"{main}.aggreg.{k}.0.weight", rank=4)[2]
+        read.tensor(f"{main}.aggreg.{k}.0.weight", (qkv_width, 1, kernel, kernel))
+        read.tensor(f"{main}.aggreg.{k}.1.weight", (qkv_width, head_dim, 1, 1))
+    proj, out = _conv(read, f"{main}.proj", qkv_width // 3 * (1 + scales))
+    if out != width:
+        raise CheckpointError(f"{read.arch}: {main}.proj maps back to {out} channels, not {width}")
+    return AttentionBlock(prefix, qkv, scales, head_dim, proj)
 
 
 def derive_layout(ckpt: Checkpoint, arch: EfficientViTConfig) -> Layout:
     """Stem, stages and head from names and shapes; the stride pattern is timm's (see the comments)."""
-    read = _Reader(ckpt)
-    stem, width = read.conv("stem.in_conv", ckpt.config.pretrained.input_size[0], stride=2, act=True)
+    read = LayoutReader(ckpt)
+    stem, width = _conv(read, "stem.in_conv", ckpt.config.pretrained.input_size[0], stride=2, act=True)
     blocks: list[LocalBlock | AttentionBlock] = []
-    for (j,) in block_indices(ckpt, r"^stem\.res(\d+)\."):
-        block, width = read.local(f"stem.res{j}", width, stride=1, residual=True)
+    for (j,) in indexed_blocks(ckpt, r"^stem\.res(\d+)\."):
+        block, width = _local(read, f"stem.res{j}", width, stride=1, residual=True)
         blocks.append(block)
-    indices = block_indices(ckpt, r"^stages\.(\d+)\.blocks\.(\d+)\.")
+    indices = indexed_blocks(ckpt, r"^stages\.(\d+)\.blocks\.(\d+)\.")
     if not indices:
         raise CheckpointError(f"{read.arch}: no stages.<i>.blocks.<j> tensors; not an EfficientViT checkpoint")
-    stages = sorted({s for s, _ in indices})
-    if stages != list(range(len(stages))):
-        raise CheckpointError(f"{read.arch}: stage indices {stages} in stages.<i>.blocks.<j> are not 0, 1, 2, ...")
-    for stage in stages:
-        block_ids = [b for s, b in indices if s == stage]
-        if block_ids != list(range(len(block_ids))):
-            raise CheckpointError(f"{read.arch}: block indices {block_ids} of stages.{stage} are not 0, 1, 2, ...")
-        for j in block_ids:
-            prefix = f"stages.{stage}.blocks.{j}"
-            if f"{prefix}.context_module.main.qkv.conv.weight" in read.names:
-                blocks.append(read.attention(f"{prefix}.context_module", width))
-                block, width = read.local(f"{prefix}.local_module", width, stride=1, residual=True)
-            else:
-                # timm opens every stage with a stride-2 block that changes width and has no shortcut.
-                block, width = read.local(prefix, width, stride=2 if j == 0 else 1, residual=j > 0)
-            blocks.append(block)
-    head, width = read.conv("head.in_conv", width, act=True)
-    hidden = expect_shape(ckpt, "head.classifier.0.weight", rank=2, dims={1: width})[0]
-    classes = ckpt.config.num_classes
-    read.expected.update({
-        "head.classifier.0.weight": (hidden, width),
-        "head.classifier.1.weight": (hidden,),
-        "head.classifier.1.bias": (hidden,),
-        "head.classifier.4.weight": (classes, hidden),
-        "head.classifier.4.bias": (classes,),
-    })
-    expect_tensors(ckpt, read.expected)
+    for stage, j in indices:
+        prefix = f"stages.{stage}.blocks.{j}"
+        if f"{prefix}.context_module.main.qkv.conv.weight" in read:
+            blocks.append(_attention(read, f"{prefix}.context_module", width))
+            block, width = _local(read, f"{prefix}.local_module", width, stride=1, residual=True)
+        else:
+            # timm opens every stage with a stride-2 block that changes width and has no shortcut.
+            block, width = _local(read, prefix, width, stride=2 if j == 0 else 1, residual=j > 0)
+        blocks.append(block)
+    head, width = _conv(read, "head.in_conv", width, act=True)
+    hidden = read.linear("head.classifier.0", width, bias=False)
+    read.layer_norm("head.classifier.1", hidden)
+    read.classifier("head.classifier.4", hidden, bias=True)
+    read.finish()
     return Layout(stem, tuple(blocks), head)
 
 
@@ -230,18 +202,10 @@ def emit(g: GraphBuilder, ckpt: Checkpoint, layout: Layout, arch: EfficientViTCo
         x = g.add(y, x, f"{block.prefix}.add") if block.residual else y
     x = _conv_norm_act(g, x, ckpt, layout.head, arch)
     x = g.global_avg_pool(x, "head.global_pool")
-    x = g.linear(x, "head.classifier.0", ckpt.tensor("head.classifier.0.weight"))
-    weight, bias = ckpt.tensor("head.classifier.1.weight"), ckpt.tensor("head.classifier.1.bias")
-    x = g.layer_norm(x, "head.classifier.1", weight, bias, arch.ln_eps)
+    x = linear(g, x, ckpt, "head.classifier.0")
+    x = layer_norm(g, x, ckpt, "head.classifier.1", arch.ln_eps)
     x = g.activation(x, arch.act, "head.classifier.2")
-    return classifier_head(g, x, ckpt, "head.classifier.4")
-
-
-def build(ckpt: Checkpoint, arch: EfficientViTConfig) -> Graph:
-    layout = derive_layout(ckpt, arch)
-    g = GraphBuilder()
-    g.output(emit(g, ckpt, layout, arch))
-    return g.finish()
+    return linear(g, x, ckpt, "head.classifier.4")
 
 
 FAMILY = Family(
@@ -252,5 +216,6 @@ FAMILY = Family(
         "efficientvit_b1": EfficientViTConfig(),
         "efficientvit_b2": EfficientViTConfig(),
     },
-    build=build,
+    derive_layout=derive_layout,
+    emit=emit,
 )

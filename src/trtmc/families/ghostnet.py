@@ -7,28 +7,14 @@ the final `blocks.<last>.0.{conv,bn1}`, `conv_head` and `classifier`.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 from ..checkpoint import Checkpoint, CheckpointError
-from ..graph import Activation, Graph
+from ..graph import Activation
 from ..graph_builder import GraphBuilder, Tensor
 from . import Family, UnsupportedModel
-from ._parts import (
-    act,
-    batch_norm,
-    block_indices,
-    classifier_head,
-    conv,
-    conv_norm_act,
-    expect_shape,
-    expect_tensors,
-    image_input,
-    norm_shapes,
-    squeeze_excite,
-)
-
-log = logging.getLogger(__name__)
+from ._layout import LayoutReader, indexed_blocks
+from ._parts import act, batch_norm, conv, conv_norm_act, image_input, linear, squeeze_excite
 
 _BLOCK = r"^blocks\.(\d+)\.(\d+)\.ghost1\."
 
@@ -70,63 +56,48 @@ class BottleneckSpec:
 
 @dataclass(frozen=True)
 class Layout:
-    arch: str
     blocks: tuple[BottleneckSpec, ...]
     head: str  # blocks.<last>.0: the final ConvBnAct
-    num_classes: int
 
 
-def _ghost_spec(ckpt: Checkpoint, expected: dict, prefix: str, in_chs: int, width: int) -> GhostSpec:
-    init = expect_shape(ckpt, f"{prefix}.primary_conv.0.weight", rank=4, dims={1: in_chs})[0]
-    cheap = expect_shape(ckpt, f"{prefix}.cheap_operation.0.weight", rank=4, dims={1: 1})
+def _ghost_spec(read: LayoutReader, prefix: str, in_chs: int, width: int) -> GhostSpec:
+    primary, cheap_op = f"{prefix}.primary_conv", f"{prefix}.cheap_operation"
+    init = read.conv(f"{primary}.0", in_chs, norm=f"{primary}.1", bias=False, dims={1: in_chs})
+    cheap = read.shape(f"{cheap_op}.0.weight", rank=4, dims={1: 1})
     new = cheap[0]
     # The cheap op is depthwise (a whole number of outputs per primary channel) and the concatenation
     # holds at least the width the block asks for.
     if new % init or not init < width <= init + new:
         raise CheckpointError(
-            f"{ckpt.config.architecture}: ghost module {prefix} has {init} primary and {new} cheap channels "
-            f"({prefix}.cheap_operation.0.weight {cheap}), which cannot produce {width} channels"
+            f"{read.arch}: ghost module {prefix} has {init} primary and {new} cheap channels "
+            f"({cheap_op}.0.weight {cheap}), which cannot produce {width} channels"
         )
-    expected[f"{prefix}.primary_conv.0.weight"] = ckpt.shape(f"{prefix}.primary_conv.0.weight")
-    expected[f"{prefix}.cheap_operation.0.weight"] = cheap
-    expected.update(norm_shapes(f"{prefix}.primary_conv.1", init))
-    expected.update(norm_shapes(f"{prefix}.cheap_operation.1", new))
+    read.conv(f"{cheap_op}.0", init, norm=f"{cheap_op}.1", bias=False)
     return GhostSpec(prefix, width)
 
 
-def _bottleneck_spec(
-    ckpt: Checkpoint, expected: dict, prefix: str, in_chs: int, config: GhostNetConfig
-) -> BottleneckSpec:
-    arch = ckpt.config.architecture
+def _bottleneck_spec(read: LayoutReader, prefix: str, in_chs: int, config: GhostNetConfig) -> BottleneckSpec:
     # ghost2 reads the mid width that ghost1 makes and conv_dw and the SE keep.
-    mid = expect_shape(ckpt, f"{prefix}.ghost2.primary_conv.0.weight", rank=4)[1]
-    ghost1 = _ghost_spec(ckpt, expected, f"{prefix}.ghost1", in_chs, mid)
+    mid = read.shape(f"{prefix}.ghost2.primary_conv.0.weight", rank=4)[1]
+    ghost1 = _ghost_spec(read, f"{prefix}.ghost1", in_chs, mid)
     stride = 1
-    if f"{prefix}.conv_dw.weight" in ckpt:
+    if f"{prefix}.conv_dw.weight" in read:
         stride = config.downsample_stride
-        kernel = expect_shape(ckpt, f"{prefix}.conv_dw.weight", rank=4, dims={0: mid, 1: 1})
-        expected[f"{prefix}.conv_dw.weight"] = kernel
-        expected.update(norm_shapes(f"{prefix}.bn_dw", mid))
-    has_se = f"{prefix}.se.conv_reduce.weight" in ckpt
+        read.conv(f"{prefix}.conv_dw", mid, norm=f"{prefix}.bn_dw", bias=False, dims={0: mid, 1: 1})
+    has_se = f"{prefix}.se.conv_reduce.weight" in read
     if has_se:
-        reduced = expect_shape(ckpt, f"{prefix}.se.conv_reduce.weight", rank=4)[0]
-        expected[f"{prefix}.se.conv_reduce.weight"] = (reduced, mid, 1, 1)
-        expected[f"{prefix}.se.conv_reduce.bias"] = (reduced,)
-        expected[f"{prefix}.se.conv_expand.weight"] = (mid, reduced, 1, 1)
-        expected[f"{prefix}.se.conv_expand.bias"] = (mid,)
-    conv_shortcut = f"{prefix}.shortcut.0.weight" in ckpt
+        read.squeeze_excite(f"{prefix}.se", mid)
+    shortcut = f"{prefix}.shortcut"
+    conv_shortcut = f"{shortcut}.0.weight" in read
     if conv_shortcut:
-        kernel = expect_shape(ckpt, f"{prefix}.shortcut.0.weight", rank=4, dims={0: in_chs, 1: 1})
-        out = expect_shape(ckpt, f"{prefix}.shortcut.2.weight", rank=4)[0]
-        expected[f"{prefix}.shortcut.0.weight"] = kernel
-        expected.update(norm_shapes(f"{prefix}.shortcut.1", in_chs))
-        expected[f"{prefix}.shortcut.2.weight"] = (out, in_chs, 1, 1)
-        expected.update(norm_shapes(f"{prefix}.shortcut.3", out))
+        # A depthwise conv and its norm, then a 1x1 conv to the block's output width and its norm.
+        read.conv(f"{shortcut}.0", in_chs, norm=f"{shortcut}.1", bias=False, dims={0: in_chs, 1: 1})
+        out = read.conv(f"{shortcut}.2", in_chs, norm=f"{shortcut}.3", bias=False, dims={1: in_chs, 2: 1, 3: 1})
     elif stride != 1:
-        raise CheckpointError(f"{arch}: {prefix} downsamples (it has conv_dw) but has no {prefix}.shortcut.0.weight")
+        raise CheckpointError(f"{read.arch}: {prefix} downsamples (it has conv_dw) but has no {prefix}.shortcut.0.weight")
     else:
         out = in_chs  # timm keeps an identity shortcut only where the width and resolution stay
-    ghost2 = _ghost_spec(ckpt, expected, f"{prefix}.ghost2", mid, out)
+    ghost2 = _ghost_spec(read, f"{prefix}.ghost2", mid, out)
     return BottleneckSpec(prefix, in_chs, out, ghost1, ghost2, stride, has_se, conv_shortcut)
 
 
@@ -136,40 +107,24 @@ def derive_layout(ckpt: Checkpoint, config: GhostNetConfig) -> Layout:
     Reads names and shapes only, so a malformed checkpoint is refused before any weight loads; a
     tensor the layout does not account for is refused too, so no weight is dropped silently.
     """
-    arch = ckpt.config.architecture
-    indices = block_indices(ckpt, _BLOCK)
+    read = LayoutReader(ckpt)
+    indices = indexed_blocks(ckpt, _BLOCK)
     if not indices:
-        raise UnsupportedModel(f"{arch}: no blocks.<stage>.<block>.ghost1 tensors; is this a GhostNet v1 checkpoint?")
-    stages = sorted({s for s, _ in indices})
-    if stages != list(range(len(stages))):
-        raise CheckpointError(f"{arch}: block stages {stages} are not contiguous from blocks.0")
-
-    expected: dict[str, tuple[int, ...]] = {}
-    expected["conv_stem.weight"] = expect_shape(ckpt, "conv_stem.weight", rank=4, dims={1: 3})
-    width = expected["conv_stem.weight"][0]
-    expected.update(norm_shapes("bn1", width))
+        raise UnsupportedModel(
+            f"{read.arch}: no blocks.<stage>.<block>.ghost1 tensors; is this a GhostNet v1 checkpoint?"
+        )
+    width = read.conv("conv_stem", 3, norm="bn1", bias=False, dims={1: 3})
     blocks = []
-    for stage in stages:
-        numbers = [b for s, b in indices if s == stage]
-        if numbers != list(range(len(numbers))):
-            raise CheckpointError(f"{arch}: blocks.{stage} block indices {numbers} are not contiguous from 0")
-        for number in numbers:
-            blocks.append(_bottleneck_spec(ckpt, expected, f"blocks.{stage}.{number}", width, config))
-            width = blocks[-1].out_chs
-
-    head = f"blocks.{stages[-1] + 1}.0"
-    features = expect_shape(ckpt, f"{head}.conv.weight", rank=4, dims={1: width})[0]
-    expected[f"{head}.conv.weight"] = (features, width, 1, 1)
-    expected.update(norm_shapes(f"{head}.bn1", features))
-    hidden = expect_shape(ckpt, "conv_head.weight", rank=4)[0]
-    expected["conv_head.weight"] = (hidden, features, 1, 1)
-    expected["conv_head.bias"] = (hidden,)
-    num_classes = ckpt.config.num_classes
-    expected["classifier.weight"] = (num_classes, hidden)
-    expected["classifier.bias"] = (num_classes,)
+    for stage, number in indices:
+        blocks.append(_bottleneck_spec(read, f"blocks.{stage}.{number}", width, config))
+        width = blocks[-1].out_chs
+    head = f"blocks.{indices[-1][0] + 1}.0"
+    features = read.conv(f"{head}.conv", width, norm=f"{head}.bn1", bias=False, dims={1: width, 2: 1, 3: 1})
+    hidden = read.conv("conv_head", features, bias=True, dims={1: features, 2: 1, 3: 1})
+    read.classifier("classifier", hidden, bias=True)
     # GhostNet v2/v3 (ghost1.short_conv, the *_rpr_* branches) fail here, as unexpected tensors.
-    expect_tensors(ckpt, expected)
-    return Layout(arch, tuple(blocks), head, num_classes)
+    read.finish()
+    return Layout(tuple(blocks), head)
 
 
 # ---- emission -------------------------------------------------------------------------------
@@ -200,8 +155,7 @@ def _bottleneck(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, spec: BottleneckSp
     return g.add(y, shortcut, f"{p}.add")
 
 
-def emit(ckpt: Checkpoint, layout: Layout, config: GhostNetConfig) -> Graph:
-    g = GraphBuilder()
+def emit(g: GraphBuilder, ckpt: Checkpoint, layout: Layout, config: GhostNetConfig) -> Tensor:
     x = image_input(g, ckpt)
     x = conv_norm_act(g, x, ckpt, "conv_stem", "bn1", None, eps=config.eps, stride=2)
     x = act(g, x, config.act, "act1")
@@ -212,14 +166,7 @@ def emit(ckpt: Checkpoint, layout: Layout, config: GhostNetConfig) -> Graph:
     x = g.global_avg_pool(x, "global_pool", keepdim=True)
     x = act(g, conv(g, x, ckpt, "conv_head"), config.act, "act2")
     x = g.flatten(x, "flatten")
-    g.output(classifier_head(g, x, ckpt))
-    return g.finish()
-
-
-def build(ckpt: Checkpoint, config: GhostNetConfig) -> Graph:
-    layout = derive_layout(ckpt, config)
-    log.debug("%s: %d ghost bottlenecks", layout.arch, len(layout.blocks))
-    return emit(ckpt, layout, config)
+    return linear(g, x, ckpt, "classifier")
 
 
 FAMILY = Family(
@@ -231,5 +178,6 @@ FAMILY = Family(
         "ghostnet_100": GhostNetConfig(),
         "ghostnet_130": GhostNetConfig(),
     },
-    build=build,
+    derive_layout=derive_layout,
+    emit=emit,
 )

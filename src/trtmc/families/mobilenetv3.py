@@ -6,25 +6,22 @@ It reads `conv_stem`/`bn1`, every `blocks.<stage>.<block>.{conv_dw,conv_pw,conv_
 
 from __future__ import annotations
 
-import logging
 from dataclasses import replace
 
 from ..checkpoint import Checkpoint
-from ..graph import Activation, Graph
-from ..graph_builder import GraphBuilder
+from ..graph import Activation
+from ..graph_builder import GraphBuilder, Tensor
 from . import Family, efficientnet
-from ._parts import classifier_head, conv
+from ._parts import conv, linear
 from .efficientnet import TF_EPS, ArchConfig, Layout, decode_stages, emit_block, emit_stem
 
-log = logging.getLogger(__name__)
 
 def derive_layout(ckpt: Checkpoint, arch: ArchConfig) -> Layout:
     # timm's MobileNetV3 head (head_norm=False): conv_head has a bias and no norm after it.
     return efficientnet.derive_layout(ckpt, arch, head_norm=False)
 
 
-def emit(ckpt: Checkpoint, layout: Layout, arch: ArchConfig) -> Graph:
-    g = GraphBuilder()
+def emit(g: GraphBuilder, ckpt: Checkpoint, layout: Layout, arch: ArchConfig) -> Tensor:
     x = emit_stem(g, ckpt, arch)
     for block in layout.blocks:
         x = emit_block(g, x, ckpt, block, arch)
@@ -33,14 +30,7 @@ def emit(ckpt: Checkpoint, layout: Layout, arch: ArchConfig) -> Graph:
     x = conv(g, x, ckpt, "conv_head")
     x = g.activation(x, arch.act, "act2")
     x = g.flatten(x, "flatten")
-    g.output(classifier_head(g, x, ckpt))
-    return g.finish()
-
-
-def build(ckpt: Checkpoint, arch: ArchConfig) -> Graph:
-    layout = derive_layout(ckpt, arch)
-    log.debug("%s: %d blocks, head %d", ckpt.config.architecture, len(layout.blocks), layout.head_width)
-    return emit(ckpt, layout, arch)
+    return linear(g, x, ckpt, "classifier")
 
 
 # Stage tables from timm's _gen_mobilenet_v3 arch_def (grammar: efficientnet.decode_stages): where
@@ -51,11 +41,11 @@ _SMALL = decode_stages("s2_nre s2_nre s2 s1 s2 s1")
 
 # timm's MobileNetV3 squeeze-excite forces ReLU inside and gates with hard-sigmoid, whatever the
 # block's own activation.
-_MNV3 = dict(act=Activation.HARD_SWISH, se_act=Activation.RELU, se_gate=Activation.HARD_SIGMOID)
-_TIMM_LARGE = ArchConfig(_LARGE, **_MNV3)
+_TIMM_SMALL = ArchConfig(_SMALL, Activation.HARD_SWISH, se_act=Activation.RELU, se_gate=Activation.HARD_SIGMOID)
+_TIMM_LARGE = replace(_TIMM_SMALL, stages=_LARGE)
 
 ARCHITECTURES = {
-    "mobilenetv3_small_100": ArchConfig(_SMALL, **_MNV3),
+    "mobilenetv3_small_100": _TIMM_SMALL,
     "mobilenetv3_large_100": _TIMM_LARGE,
     # The TF port pads "SAME" and keeps TF's batch-norm eps.
     "tf_mobilenetv3_large_100": replace(_TIMM_LARGE, eps=TF_EPS, tf_same=True),
@@ -65,5 +55,6 @@ FAMILY = Family(
     name="mobilenetv3",
     summary="MobileNetV3 small/large: hard-swish inverted residuals, hard-sigmoid SE, pooled conv head",
     architectures=ARCHITECTURES,
-    build=build,
+    derive_layout=derive_layout,
+    emit=emit,
 )

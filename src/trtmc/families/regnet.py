@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..checkpoint import Checkpoint, CheckpointError
-from ..graph import Activation, Graph
+from ..checkpoint import Checkpoint
+from ..graph import Activation
 from ..graph_builder import GraphBuilder, Tensor
-from . import Family, UnsupportedModel
-from ._parts import batch_norm, block_indices, classifier_head, conv, conv_norm_act, expect_tensors, image_input, squeeze_excite
-from .resnet import expect_conv, expect_linear, expect_squeeze_excite
+from . import Family
+from ._layout import LayoutReader, indexed_blocks
+from ._parts import batch_norm, conv, conv_norm_act, image_input, linear, squeeze_excite
 
+_BLOCK = r"^s(\d+)\.b(\d+)\."
 # timm's RegNet stem is one 3x3 ConvNormAct with stride 2.
 STEM_STRIDE = 2
 
@@ -45,54 +46,41 @@ class Layout:
     blocks: tuple[BlockSpec, ...]
 
 
+def _block(read: LayoutReader, prefix: str, channels: int, stride: int) -> tuple[BlockSpec, int]:
+    """conv1 (1x1), conv2 (the grouped 3x3 that strides), RegNetY's squeeze-excite, conv3 (1x1) and the
+    shortcut; the block and its output width."""
+    width = read.conv(f"{prefix}.conv1.conv", channels, norm=f"{prefix}.conv1.bn")
+    width = read.conv(f"{prefix}.conv2.conv", width, norm=f"{prefix}.conv2.bn")
+    se = f"{prefix}.se.fc1.weight" in read
+    if se:
+        read.squeeze_excite(f"{prefix}.se", width, reduce="fc1", expand="fc2")
+    out = read.conv(f"{prefix}.conv3.conv", width, norm=f"{prefix}.conv3.bn")
+    projects = f"{prefix}.downsample.conv.weight" in read
+    projection = f"{prefix}.downsample.conv" if projects else None
+    read.shortcut(prefix, channels, out, stride, projection, f"{prefix}.downsample.bn")
+    return BlockSpec(prefix, stride, se, projects), out
+
+
 def derive_layout(ckpt: Checkpoint, arch: ArchConfig) -> Layout:
     """Stages, blocks, SE and projections from key names and shapes; no weight is read.
 
     Group counts follow from the conv2 weight shape (width / group width) and the SE width from
     `se.fc1`, so nothing of timm's width/group schedule is tabulated.
     """
-    name = ckpt.config.architecture
-    names = set(ckpt.names)
-    expected: dict[str, tuple[int, ...]] = {}
-    channels = expect_conv(ckpt, expected, "stem.conv", ckpt.config.pretrained.input_size[0], norm="stem.bn")[0]
-    found = block_indices(ckpt, r"^s(\d+)\.b(\d+)\.")
-    stages = sorted({s for s, _ in found})
-    if stages != list(range(1, len(arch.stage_strides) + 1)):
-        raise UnsupportedModel(
-            f"{name}: expected stages s1..s{len(arch.stage_strides)}, the checkpoint has "
-            f"{', '.join(f's{s}' for s in stages) or 'none'}"
-        )
+    read = LayoutReader(ckpt)
+    channels = read.conv("stem.conv", ckpt.config.pretrained.input_size[0], norm="stem.bn")
     blocks = []
-    for stage, stage_stride in zip(stages, arch.stage_strides):
-        indices = [b for s, b in found if s == stage]
-        if indices != list(range(1, len(indices) + 1)):
-            raise CheckpointError(f"{name}: s{stage} block indices {indices} are not 1..{len(indices)}")
-        for index in indices:
-            prefix = f"s{stage}.b{index}"
-            stride = stage_stride if index == 1 else 1
-            x = channels
-            width = expect_conv(ckpt, expected, f"{prefix}.conv1.conv", x, norm=f"{prefix}.conv1.bn")[0]
-            width = expect_conv(ckpt, expected, f"{prefix}.conv2.conv", width, norm=f"{prefix}.conv2.bn")[0]
-            se = f"{prefix}.se.fc1.weight" in names
-            if se:
-                expect_squeeze_excite(ckpt, expected, f"{prefix}.se", width)
-            channels = expect_conv(ckpt, expected, f"{prefix}.conv3.conv", width, norm=f"{prefix}.conv3.bn")[0]
-            projects = f"{prefix}.downsample.conv.weight" in names
-            if projects:
-                projected = expect_conv(ckpt, expected, f"{prefix}.downsample.conv", x, norm=f"{prefix}.downsample.bn")[0]
-            elif stride != 1:
-                raise CheckpointError(f"{name}: {prefix} halves the resolution but has no downsample.conv")
-            else:
-                projected = x
-            if projected != channels:
-                raise CheckpointError(f"{name}: {prefix} outputs {channels} channels but its shortcut carries {projected}")
-            blocks.append(BlockSpec(prefix, stride, se, projects))
-    expect_linear(ckpt, expected, "head.fc", channels)
-    expect_tensors(ckpt, expected)
+    # Stages are numbered from s1, their blocks from b1.
+    for stage, index in indexed_blocks(ckpt, _BLOCK, start=1, stages=len(arch.stage_strides)):
+        stride = arch.stage_strides[stage - 1] if index == 1 else 1
+        block, channels = _block(read, f"s{stage}.b{index}", channels, stride)
+        blocks.append(block)
+    read.classifier("head.fc", channels)
+    read.finish()
     return Layout(tuple(blocks))
 
 
-def _block(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, b: BlockSpec, arch: ArchConfig) -> Tensor:
+def _emit_block(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, b: BlockSpec, arch: ArchConfig) -> Tensor:
     p = b.prefix
     y = conv_norm_act(g, x, ckpt, f"{p}.conv1.conv", f"{p}.conv1.bn", arch.act, eps=arch.eps)
     y = conv_norm_act(g, y, ckpt, f"{p}.conv2.conv", f"{p}.conv2.bn", arch.act, eps=arch.eps, stride=b.stride)
@@ -110,15 +98,8 @@ def emit(g: GraphBuilder, ckpt: Checkpoint, layout: Layout, arch: ArchConfig) ->
     x = image_input(g, ckpt)
     x = conv_norm_act(g, x, ckpt, "stem.conv", "stem.bn", arch.act, eps=arch.eps, stride=STEM_STRIDE)
     for block in layout.blocks:
-        x = _block(g, x, ckpt, block, arch)
-    return classifier_head(g, g.global_avg_pool(x, "head.global_pool"), ckpt, "head.fc")
-
-
-def build(ckpt: Checkpoint, arch: ArchConfig) -> Graph:
-    layout = derive_layout(ckpt, arch)
-    g = GraphBuilder()
-    g.output(emit(g, ckpt, layout, arch))
-    return g.finish()
+        x = _emit_block(g, x, ckpt, block, arch)
+    return linear(g, g.global_avg_pool(x, "head.global_pool"), ckpt, "head.fc")
 
 
 # RegNetX and RegNetY differ only in the SE tensors; regnety_040 is the plain RegNetCfg too (its
@@ -135,5 +116,6 @@ FAMILY = Family(
         "regnety_016": _TIMM_REGNET,
         "regnety_040": _TIMM_REGNET,
     },
-    build=build,
+    derive_layout=derive_layout,
+    emit=emit,
 )

@@ -9,14 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..checkpoint import Checkpoint, CheckpointError
-from ..graph import Activation, Graph, PoolMode
+from ..graph import Activation, PoolMode
 from ..graph_builder import GraphBuilder, Tensor
 from . import Family, UnsupportedModel
-from ._parts import (
-    batch_norm, block_indices, classifier_head, conv, expect_shape, expect_tensors, image_input, max_pool, norm_shapes,
-    squeeze_excite,
-)
+from ._layout import LayoutReader, indexed_blocks, matched_indices
+from ._parts import batch_norm, conv, image_input, linear, max_pool, squeeze_excite
 
+_BLOCK = r"^layer(\d+)\.(\d+)\."
 # The first stem conv (7x7, or the first 3x3 of the deep stem) strides 2 in every timm ResNet.
 STEM_STRIDE = 2
 # The stem max pool (kernel, stride, padding): timm's ResNet without `replace_stem_pool` or `aa_layer`.
@@ -68,66 +67,33 @@ class Layout:
     blocks: tuple[BlockSpec, ...]
 
 
-def expect_conv(
-    ckpt: Checkpoint, expected: dict[str, tuple[int, ...]], prefix: str, channels: int, norm: str | None = None
-) -> tuple[int, ...]:
-    """The [out, in/groups, kh, kw] shape of the conv at `prefix`, checked against the `channels` it
-    reads; adds the conv (with its bias and `norm`, if any) to an `expect_tensors` table.
+@dataclass(frozen=True)
+class FeatureMap:
+    """What flows from layer to layer at layout time: the width, and the size a 2x2 pool must divide."""
 
-    Shapes only: a malformed checkpoint is refused before any weight loads. RegNet uses these
-    `expect_*` helpers too.
-    """
-    name = f"{prefix}.weight"
-    shape = expect_shape(ckpt, name, rank=4)
-    if channels % shape[1] or shape[0] % (channels // shape[1]):
-        raise CheckpointError(
-            f"{ckpt.config.architecture}: tensor {name!r} has shape {shape}, which cannot be a conv "
-            f"reading {channels} channels"
-        )
-    expected[name] = shape
-    if f"{prefix}.bias" in ckpt:
-        expected[f"{prefix}.bias"] = shape[:1]
-    if norm is not None:
-        expected.update(norm_shapes(norm, shape[0]))
-    return shape
+    channels: int
+    height: int
+    width: int
+
+    def strided(self, stride: int, channels: int | None = None) -> FeatureMap:
+        # Every strided op here (the stem convs and pool, the strided 3x3, the strided 1x1 projection,
+        # all with timm's symmetric padding) maps a side of n pixels to ceil(n / stride).
+        width = self.channels if channels is None else channels
+        return FeatureMap(width, -(-self.height // stride), -(-self.width // stride))
 
 
-def expect_squeeze_excite(ckpt: Checkpoint, expected: dict[str, tuple[int, ...]], prefix: str, channels: int) -> None:
-    """timm's SEModule at `prefix`: 1x1 convs `fc1` (channels -> reduced) and `fc2` (back), with biases."""
-    reduced = expect_conv(ckpt, expected, f"{prefix}.fc1", channels)[0]
-    expected[f"{prefix}.fc1.bias"] = (reduced,)
-    expected[f"{prefix}.fc2.weight"] = (channels, reduced, 1, 1)
-    expected[f"{prefix}.fc2.bias"] = (channels,)
-
-
-def expect_linear(ckpt: Checkpoint, expected: dict[str, tuple[int, ...]], prefix: str, features: int) -> None:
-    """The classifier at `prefix`: `features` in, config.json's num_classes out."""
-    classes = ckpt.config.num_classes
-    expected[f"{prefix}.weight"] = (classes, features)
-    if f"{prefix}.bias" in ckpt:
-        expected[f"{prefix}.bias"] = (classes,)
-
-
-def derive_layout(ckpt: Checkpoint, arch: ArchConfig) -> Layout:
-    """The stem, the blocks and their shortcuts, from key names and shapes; no weight is read.
-
-    A block is a bottleneck when it has `conv3`; `downsample.0` is a strided 1x1 (or 3x3) conv,
-    `downsample.1` a 1x1 conv behind an average pool ("D" models); the groups of the 3x3 and every
-    width follow from the weight shapes, so one code path serves every size.
-    """
-    name = ckpt.config.architecture
-    names = set(ckpt.names)
-    expected: dict[str, tuple[int, ...]] = {}
-    channels, height, width = ckpt.config.pretrained.input_size
-
-    if "conv1.weight" in names:
-        stem = (StemConv("conv1", "bn1", "act1", STEM_STRIDE),)
+def _stem(read: LayoutReader, x: FeatureMap) -> tuple[tuple[StemConv, ...], FeatureMap]:
+    """`conv1` and `bn1`, or the deep stem: a Sequential (conv, bn, relu, conv, bn, relu, conv) that
+    bn1 and act1 follow; then the max pool."""
+    if "conv1.weight" in read:
+        stem: tuple[StemConv, ...] = (StemConv("conv1", "bn1", "act1", STEM_STRIDE),)
     else:
-        # The deep stem is a Sequential (conv, bn, relu, conv, bn, relu, conv) that bn1/act1 follow.
-        indices = block_indices(ckpt, r"^conv1\.(\d+)\.weight$")
-        convs = [i for (i,) in indices if len(ckpt.shape(f"conv1.{i}.weight")) == 4]
+        indices = matched_indices(read.ckpt, r"^conv1\.(\d+)\.weight$")
+        convs = [i for (i,) in indices if len(read.shape(f"conv1.{i}.weight")) == 4]
         if not convs:
-            raise CheckpointError(f"{name}: no stem conv (neither conv1.weight nor conv1.N.weight) in {ckpt.weights_path}")
+            raise CheckpointError(
+                f"{read.arch}: no stem conv (neither conv1.weight nor conv1.N.weight) in {read.ckpt.weights_path}"
+            )
         stem = tuple(
             StemConv(
                 f"conv1.{i}",
@@ -136,65 +102,69 @@ def derive_layout(ckpt: Checkpoint, arch: ArchConfig) -> Layout:
             )
             for k, i in enumerate(convs)
         )
-    # Every strided op here (the stem convs and pool, the strided 3x3, the strided 1x1 projection,
-    # all with timm's symmetric padding) maps a side of n pixels to ceil(n / stride).
     for s in stem:
-        channels = expect_conv(ckpt, expected, s.conv, channels, norm=s.norm)[0]
-        height, width = -(-height // s.stride), -(-width // s.stride)
-    height, width = -(-height // STEM_POOL[1]), -(-width // STEM_POOL[1])
+        x = x.strided(s.stride, read.conv(s.conv, x.channels, norm=s.norm))
+    return stem, x.strided(STEM_POOL[1])
 
-    found = block_indices(ckpt, r"^layer(\d+)\.(\d+)\.")
-    stages = sorted({s for s, _ in found})
-    if stages != list(range(1, len(arch.stage_strides) + 1)):
-        raise UnsupportedModel(
-            f"{name}: expected stages layer1..layer{len(arch.stage_strides)}, the checkpoint has "
-            f"{', '.join(f'layer{s}' for s in stages) or 'none'}"
-        )
+
+def _shortcut(read: LayoutReader, prefix: str, x: FeatureMap, out: int, stride: int) -> Shortcut | None:
+    """The projection on a block's skip path to its `out` channels, None for the identity: `downsample.0`
+    is a strided conv, or ("D" models) `downsample.1` a 1x1 conv behind an average pool."""
+    if f"{prefix}.downsample.0.weight" in read:
+        shortcut = Shortcut(f"{prefix}.downsample.0", f"{prefix}.downsample.1", None)
+    elif f"{prefix}.downsample.1.weight" in read:
+        # timm's downsample_avg puts nn.Identity at index 0 when the block does not stride.
+        pool = f"{prefix}.downsample.0" if stride > 1 else None
+        if pool and (x.height % 2 or x.width % 2):
+            raise UnsupportedModel(
+                f"{read.arch}: {pool} average-pools a {x.height}x{x.width} map with ceil_mode=True, which "
+                f"keeps the odd last row/column; trtmc's POOL2D has no ceil mode, so input_size "
+                f"{list(read.ckpt.config.pretrained.input_size)} is not supported (sides that are "
+                f"multiples of 32 are)"
+            )
+        shortcut = Shortcut(f"{prefix}.downsample.1", f"{prefix}.downsample.2", pool)
+    else:
+        shortcut = None
+    projection, norm = (shortcut.conv, shortcut.norm) if shortcut else (None, None)
+    read.shortcut(prefix, x.channels, out, stride, projection, norm)
+    return shortcut
+
+
+def _block(read: LayoutReader, prefix: str, x: FeatureMap, stride: int) -> tuple[BlockSpec, FeatureMap]:
+    """A basic block (conv1, conv2) or a bottleneck (conv1..conv3), its squeeze-excite and its shortcut."""
+    convs = 3 if f"{prefix}.conv3.weight" in read else 2
+    channels = x.channels
+    for i in range(1, convs + 1):
+        channels = read.conv(f"{prefix}.conv{i}", channels, norm=f"{prefix}.bn{i}")
+    se = f"{prefix}.se.fc1.weight" in read
+    if se:
+        read.squeeze_excite(f"{prefix}.se", channels, reduce="fc1", expand="fc2")
+    shortcut = _shortcut(read, prefix, x, channels, stride)
+    # timm strides a bottleneck's 3x3 (conv2) and a basic block's first conv.
+    spec = BlockSpec(prefix, convs, stride, 2 if convs == 3 else 1, se, shortcut)
+    return spec, x.strided(stride, channels)
+
+
+def derive_layout(ckpt: Checkpoint, arch: ArchConfig) -> Layout:
+    """The stem, the blocks and their shortcuts, from key names and shapes; no weight is read.
+
+    A block is a bottleneck when it has `conv3`; the groups of the 3x3 and every width follow from
+    the weight shapes, so one code path serves every size.
+    """
+    read = LayoutReader(ckpt)
+    stem, x = _stem(read, FeatureMap(*ckpt.config.pretrained.input_size))
     blocks = []
-    for stage, stage_stride in zip(stages, arch.stage_strides):
-        indices = [b for s, b in found if s == stage]
-        if indices != list(range(len(indices))):
-            raise CheckpointError(f"{name}: layer{stage} block indices {indices} are not 0..{len(indices) - 1}")
-        for index in indices:
-            prefix = f"layer{stage}.{index}"
-            stride = stage_stride if index == 0 else 1
-            n = 3 if f"{prefix}.conv3.weight" in names else 2
-            x = channels
-            for i in range(1, n + 1):
-                channels = expect_conv(ckpt, expected, f"{prefix}.conv{i}", channels, norm=f"{prefix}.bn{i}")[0]
-            se = f"{prefix}.se.fc1.weight" in names
-            if se:
-                expect_squeeze_excite(ckpt, expected, f"{prefix}.se", channels)
-            shortcut = None
-            if f"{prefix}.downsample.0.weight" in names:
-                shortcut = Shortcut(f"{prefix}.downsample.0", f"{prefix}.downsample.1", None)
-            elif f"{prefix}.downsample.1.weight" in names:
-                # timm's downsample_avg puts nn.Identity at index 0 when the block does not stride.
-                pool = f"{prefix}.downsample.0" if stride > 1 else None
-                shortcut = Shortcut(f"{prefix}.downsample.1", f"{prefix}.downsample.2", pool)
-                if pool and (height % 2 or width % 2):
-                    raise UnsupportedModel(
-                        f"{name}: {pool} average-pools a {height}x{width} map with ceil_mode=True, which "
-                        f"keeps the odd last row/column; trtmc's POOL2D has no ceil mode, so input_size "
-                        f"{list(ckpt.config.pretrained.input_size)} is not supported (sides that are "
-                        f"multiples of 32 are)"
-                    )
-            if shortcut is not None:
-                projected = expect_conv(ckpt, expected, shortcut.conv, x, norm=shortcut.norm)[0]
-            elif stride != 1:
-                raise CheckpointError(f"{name}: {prefix} halves the resolution but has no downsample tensors")
-            else:
-                projected = x
-            if projected != channels:
-                raise CheckpointError(f"{name}: {prefix} outputs {channels} channels but its shortcut carries {projected}")
-            height, width = -(-height // stride), -(-width // stride)
-            blocks.append(BlockSpec(prefix, n, stride, 2 if n == 3 else 1, se, shortcut))
-    expect_linear(ckpt, expected, "fc", channels)
-    expect_tensors(ckpt, expected)
+    # Stages are numbered from layer1, their blocks from 0.
+    for stage, index in indexed_blocks(ckpt, _BLOCK, start=(1, 0), stages=len(arch.stage_strides)):
+        stride = arch.stage_strides[stage - 1] if index == 0 else 1
+        block, x = _block(read, f"layer{stage}.{index}", x, stride)
+        blocks.append(block)
+    read.classifier("fc", x.channels)
+    read.finish()
     return Layout(stem, tuple(blocks))
 
 
-def _block(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, b: BlockSpec, arch: ArchConfig) -> Tensor:
+def _emit_block(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, b: BlockSpec, arch: ArchConfig) -> Tensor:
     p = b.prefix
     y = x
     for i in range(1, b.convs + 1):
@@ -221,15 +191,8 @@ def emit(g: GraphBuilder, ckpt: Checkpoint, layout: Layout, arch: ArchConfig) ->
         x = g.activation(batch_norm(g, x, ckpt, s.norm, arch.eps), arch.act, s.act)
     x = max_pool(g, x, "maxpool", *STEM_POOL)
     for block in layout.blocks:
-        x = _block(g, x, ckpt, block, arch)
-    return classifier_head(g, g.global_avg_pool(x, "global_pool"), ckpt, "fc")
-
-
-def build(ckpt: Checkpoint, arch: ArchConfig) -> Graph:
-    layout = derive_layout(ckpt, arch)
-    g = GraphBuilder()
-    g.output(emit(g, ckpt, layout, arch))
-    return g.finish()
+        x = _emit_block(g, x, ckpt, block, arch)
+    return linear(g, g.global_avg_pool(x, "global_pool"), ckpt, "fc")
 
 
 # Every variant here shares timm's defaults; what differs between them is in the tensors.
@@ -248,5 +211,6 @@ FAMILY = Family(
         "resnext50_32x4d": _TIMM_RESNET,
         "wide_resnet50_2": _TIMM_RESNET,
     },
-    build=build,
+    derive_layout=derive_layout,
+    emit=emit,
 )

@@ -12,10 +12,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..checkpoint import Checkpoint, CheckpointError
-from ..graph import Activation, Graph
+from ..graph import Activation
 from ..graph_builder import GraphBuilder, Tensor
 from . import Family, UnsupportedModel
-from ._parts import block_indices, classifier_head, conv, expect_shape, expect_tensors, image_input
+from ._layout import LayoutReader, indexed_blocks
+from ._parts import conv, image_input, layer_norm, linear
 
 _BLOCK = r"^blocks\.(\d+)\."
 
@@ -52,65 +53,47 @@ class Layout:
 
 def derive_layout(ckpt: Checkpoint, arch: ViTConfig) -> Layout:
     """Width, depth, patch and MLP width from names and shapes; the head count from `arch`."""
-    name = ckpt.config.architecture
+    read = LayoutReader(ckpt)
     in_chans, height, width_px = ckpt.config.pretrained.input_size
-    width, _, patch, patch_w = expect_shape(ckpt, "patch_embed.proj.weight", rank=4, dims={1: in_chans})
+    width, _, patch, patch_w = read.shape("patch_embed.proj.weight", rank=4, dims={1: in_chans})
     if patch != patch_w or height % patch or width_px % patch:
         raise UnsupportedModel(
-            f"{name}: patch_embed.proj.weight {(width, in_chans, patch, patch_w)} does not tile the "
+            f"{read.arch}: patch_embed.proj.weight {(width, in_chans, patch, patch_w)} does not tile the "
             f"{height}x{width_px} input into square patches"
         )
     if width % arch.num_heads:
         raise CheckpointError(
-            f"{name}: width {width} (patch_embed.proj.weight) does not split into {arch.num_heads} heads"
+            f"{read.arch}: width {width} (patch_embed.proj.weight) does not split into {arch.num_heads} heads"
         )
     grid = (height // patch, width_px // patch)
-    positions = expect_shape(ckpt, "pos_embed", rank=3)[1]
+    positions = read.shape("pos_embed", rank=3)[1]
     if positions != 1 + grid[0] * grid[1]:
         raise UnsupportedModel(
-            f"{name}: pos_embed {ckpt.shape('pos_embed')} has {positions} positions but a {height}x{width_px} input "
+            f"{read.arch}: pos_embed {ckpt.shape('pos_embed')} has {positions} positions but a {height}x{width_px} input "
             f"makes {grid[0] * grid[1]} patches plus the class token; trtmc does not resample position embeddings"
         )
-    blocks = [i for (i,) in block_indices(ckpt, _BLOCK)]
-    depth = len(blocks)
-    if not blocks or blocks != list(range(depth)):
-        raise CheckpointError(f"{name}: blocks.<i> indices {blocks} are not 0, 1, 2, ...")
-    hidden = expect_shape(ckpt, "blocks.0.mlp.fc1.weight", rank=2)[0]
-    layout = Layout(patch, width, grid, arch.num_heads, hidden, depth, "blocks.0.attn.qkv.bias" in ckpt)
+    depth = len(indexed_blocks(ckpt, _BLOCK))
+    if not depth:
+        raise CheckpointError(f"{read.arch}: no blocks.<i> tensors; not a Vision Transformer checkpoint")
+    hidden = read.shape("blocks.0.mlp.fc1.weight", rank=2)[0]
+    layout = Layout(patch, width, grid, arch.num_heads, hidden, depth, "blocks.0.attn.qkv.bias" in read)
 
-    classes = ckpt.config.num_classes
-    expected = {
-        "patch_embed.proj.weight": (width, in_chans, patch, patch),
-        "patch_embed.proj.bias": (width,),
-        "cls_token": (1, 1, width),
-        "pos_embed": (1, layout.tokens, width),
-        "norm.weight": (width,),
-        "norm.bias": (width,),
-        "head.weight": (classes, width),
-        "head.bias": (classes,),
-    }
+    read.tensor("patch_embed.proj.weight", (width, in_chans, patch, patch))
+    read.tensor("patch_embed.proj.bias", (width,))
+    read.tensor("cls_token", (1, 1, width))
+    read.tensor("pos_embed", (1, layout.tokens, width))
     for i in range(depth):
         p = f"blocks.{i}"
-        expected[f"{p}.attn.qkv.weight"] = (3 * width, width)
-        if layout.qkv_bias:
-            expected[f"{p}.attn.qkv.bias"] = (3 * width,)
-        expected[f"{p}.attn.proj.weight"] = (width, width)
-        expected[f"{p}.mlp.fc1.weight"] = (hidden, width)
-        expected[f"{p}.mlp.fc1.bias"] = (hidden,)
-        expected[f"{p}.mlp.fc2.weight"] = (width, hidden)
-        for leaf in ("norm1.weight", "norm1.bias", "attn.proj.bias", "norm2.weight", "norm2.bias", "mlp.fc2.bias"):
-            expected[f"{p}.{leaf}"] = (width,)
-    expect_tensors(ckpt, expected)
+        read.layer_norm(f"{p}.norm1", width)
+        read.linear(f"{p}.attn.qkv", width, 3 * width, bias=layout.qkv_bias)
+        read.linear(f"{p}.attn.proj", width, width, bias=True)
+        read.layer_norm(f"{p}.norm2", width)
+        read.linear(f"{p}.mlp.fc1", width, hidden, bias=True)
+        read.linear(f"{p}.mlp.fc2", hidden, width, bias=True)
+    read.layer_norm("norm", width)
+    read.classifier("head", width, bias=True)
+    read.finish()
     return layout
-
-
-def _norm(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str, eps: float) -> Tensor:
-    return g.layer_norm(x, prefix, ckpt.tensor(f"{prefix}.weight"), ckpt.tensor(f"{prefix}.bias"), eps)
-
-
-def _linear(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str) -> Tensor:
-    bias = ckpt.tensor(f"{prefix}.bias") if f"{prefix}.bias" in ckpt else None
-    return g.linear(x, prefix, ckpt.tensor(f"{prefix}.weight"), bias)
 
 
 def _embed(g: GraphBuilder, ckpt: Checkpoint, layout: Layout) -> Tensor:
@@ -147,36 +130,29 @@ def _attention(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str, layout
     out = g.matmul(weights, v, f"{prefix}.mix", sensitive=True)  # [1, heads, tokens, head_dim]
     out = g.transpose(out, (0, 2, 1, 3), f"{prefix}.merge_heads")
     out = g.reshape(out, (tokens, width), f"{prefix}.merge_heads")
-    return _linear(g, out, ckpt, f"{prefix}.proj")
+    return linear(g, out, ckpt, f"{prefix}.proj")
 
 
-def _block(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str, layout: Layout, arch: ViTConfig) -> Tensor:
-    y = _norm(g, x, ckpt, f"{prefix}.norm1", arch.norm_eps)
+def _emit_block(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str, layout: Layout, arch: ViTConfig) -> Tensor:
+    y = layer_norm(g, x, ckpt, f"{prefix}.norm1", arch.norm_eps)
     x = g.add(x, _attention(g, y, ckpt, f"{prefix}.attn", layout), f"{prefix}.residual1")
-    y = _norm(g, x, ckpt, f"{prefix}.norm2", arch.norm_eps)
-    y = _linear(g, y, ckpt, f"{prefix}.mlp.fc1")
+    y = layer_norm(g, x, ckpt, f"{prefix}.norm2", arch.norm_eps)
+    y = linear(g, y, ckpt, f"{prefix}.mlp.fc1")
     y = g.activation(y, arch.act, f"{prefix}.mlp.act")
-    y = _linear(g, y, ckpt, f"{prefix}.mlp.fc2")
+    y = linear(g, y, ckpt, f"{prefix}.mlp.fc2")
     return g.add(x, y, f"{prefix}.residual2")
 
 
 def emit(g: GraphBuilder, ckpt: Checkpoint, layout: Layout, arch: ViTConfig) -> Tensor:
     x = _embed(g, ckpt, layout)
     for i in range(layout.depth):
-        x = _block(g, x, ckpt, f"blocks.{i}", layout, arch)
+        x = _emit_block(g, x, ckpt, f"blocks.{i}", layout, arch)
     # The final norm is per token and only the class token is classified, so take it first and
     # normalize one token instead of all of them.
     x = g.slice(x, 1, 0, 1, "pool")
     x = g.reshape(x, (layout.width,), "pool.flatten")
-    x = _norm(g, x, ckpt, "norm", arch.norm_eps)
-    return classifier_head(g, x, ckpt, "head")
-
-
-def build(ckpt: Checkpoint, arch: ViTConfig) -> Graph:
-    layout = derive_layout(ckpt, arch)
-    g = GraphBuilder()
-    g.output(emit(g, ckpt, layout, arch))
-    return g.finish()
+    x = layer_norm(g, x, ckpt, "norm", arch.norm_eps)
+    return linear(g, x, ckpt, "head")
 
 
 FAMILY = Family(
@@ -188,5 +164,6 @@ FAMILY = Family(
         "vit_base_patch16_224": ViTConfig(num_heads=12),
         "deit_small_patch16_224": ViTConfig(num_heads=6),
     },
-    build=build,
+    derive_layout=derive_layout,
+    emit=emit,
 )

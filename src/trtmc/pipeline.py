@@ -1,0 +1,237 @@
+"""Classifying collections of image files: a streaming pipeline from paths to per-file results.
+
+`classify_files(runtime, paths)` yields one `FileResult` per path, in input order, while later files
+are still being read. Worker threads decode and preprocess (Pillow releases the GIL while it decodes
+and resizes), the main thread packs their output into fixed-size batches of the engine's batch size in
+pinned host memory, copies each batch to the device asynchronously and runs the engine while the
+workers prepare the next one. At most a few batches are in flight, so memory does not grow with the
+number of files. A file that cannot be read becomes an error result and the run goes on.
+
+Every file goes through exactly the task's preprocessing (`trtmc.tasks.load_image`, then the bundle's
+`PreprocessSpec.from_pil`), so its logits are those `image_to_class_scores` gives for it.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from .runtime import Runtime
+from .tasks import InvalidInput, load_image
+
+# What `expand_images` picks up inside folders (other files there are not images to classify).
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+
+
+class NoImages(ValueError):
+    """An image argument that names nothing to classify (a missing path, an empty folder)."""
+
+
+@dataclass(frozen=True)
+class PipelineOptions:
+    batch_size: int | None = None  # None: the engine's largest batch
+    workers: int | None = None  # decode threads; None: one per CPU core
+    prefetch_batches: int = 2  # batches decoded ahead of the engine: bounds memory
+
+    def validate(self) -> None:
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ValueError(f"--batch-size must be at least 1, got {self.batch_size}")
+        if self.workers is not None and self.workers < 1:
+            raise ValueError(f"--workers must be at least 1, got {self.workers}")
+        if self.prefetch_batches < 1:
+            raise ValueError(f"prefetch_batches must be at least 1, got {self.prefetch_batches}")
+
+
+@dataclass(frozen=True)
+class FileResult:
+    """One file's logits (float32, checkpoint order), or why it could not be classified."""
+
+    image: str
+    logits: np.ndarray | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+# ---- which files ----------------------------------------------------------------------------------
+
+
+def _has_glob(text: str) -> bool:
+    return any(c in text for c in "*?[")
+
+
+def _folder_images(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+
+
+def expand_images(specs: Sequence[str | Path]) -> list[Path]:
+    """Files as given, folders (recursively, by image suffix), `@list.txt` (one path per line, relative
+    to the list's folder) and quoted globs (`'photos/*.jpg'`), in the order given.
+
+    Raises `NoImages` naming the first argument that yields nothing (a missing file, an empty folder, a
+    glob without matches), so a run fails before any engine loads.
+    """
+    found: list[Path] = []
+    for spec in specs:
+        text = str(spec)
+        if text.startswith("@"):
+            listing = Path(text[1:])
+            if not listing.is_file():
+                raise NoImages(f"{text}: no such list file (an @FILE lists one image path per line)")
+            lines = [line.strip() for line in listing.read_text(encoding="utf-8").splitlines()]
+            paths = [Path(line) if Path(line).is_absolute() else listing.parent / line for line in lines if line]
+            if not paths:
+                raise NoImages(f"{text}: the list is empty")
+            found += paths  # a listed file that is missing becomes an error record, like any unreadable file
+            continue
+        path = Path(text).expanduser()
+        if path.is_dir():
+            images = _folder_images(path)
+            if not images:
+                raise NoImages(f"{path}: the folder holds no images ({', '.join(IMAGE_SUFFIXES)})")
+            found += images
+        elif path.exists():
+            found.append(path)
+        elif _has_glob(text):
+            matches = sorted(Path(m) for m in glob.glob(os.path.expanduser(text), recursive=True))
+            if not matches:
+                raise NoImages(f"{text}: the pattern matches no file")
+            for match in matches:
+                found += _folder_images(match) if match.is_dir() else [match]
+        else:
+            raise NoImages(f"{text}: no such file or folder")
+    return found
+
+
+# ---- the pipeline ---------------------------------------------------------------------------------
+
+
+def _prepare(runtime: Runtime, path: Path) -> torch.Tensor:
+    """Decode and preprocess one file in a worker thread: normalized float32 CHW."""
+    return runtime.preprocess.from_pil(load_image(path))
+
+
+def _batch_size(runtime: Runtime, options: PipelineOptions) -> int:
+    size = options.batch_size or runtime.max_batch
+    if size > runtime.max_batch:
+        raise ValueError(
+            f"--batch-size {size} is larger than this bundle's engine serves ({runtime.max_batch}); rebuild with "
+            f"`trtmc build ... --max-batch {size}` or pass a smaller --batch-size"
+        )
+    if not runtime.dynamic_batch and size not in runtime.batch_sizes:
+        sizes = ", ".join(map(str, runtime.batch_sizes))
+        raise ValueError(f"--batch-size {size}: this bundle's engine was compiled for batch sizes {sizes}; pick one")
+    return size
+
+
+@dataclass
+class _Batch:
+    """A fixed-size host batch and, per input file in order, its row in the batch or its error."""
+
+    pixels: torch.Tensor  # [size, C, H, W], pinned when the engine runs on CUDA
+    entries: list[tuple[str, int | None, str | None]]  # (image, row, error)
+    rows: int = 0
+    logits: torch.Tensor | None = None  # the engine's output, once launched
+
+
+class _Runner:
+    """Copies host batches to the device and runs the engine, one batch in flight behind the one filling.
+
+    Two host buffers take turns: a batch is launched (asynchronous copy from pinned memory, then the
+    engine, on CUDA) before the previous batch's results are read, so the copy overlaps the previous
+    engine call and both overlap the decoding of the next batch. A buffer is refilled only after its
+    batch's results were read, which orders the refill after its copy.
+    """
+
+    def __init__(self, runtime: Runtime, size: int) -> None:
+        from .backends.torch_lowering import TORCH_DTYPES
+
+        self.runtime = runtime
+        self.size = size
+        self.cuda = runtime.device == "cuda"
+        self.dtype = TORCH_DTYPES[runtime.graph.inputs[0].type.dtype]
+        self.copy_stream = torch.cuda.Stream() if self.cuda else None
+        c, h, w = runtime.graph.inputs[0].type.shape[1:]
+        self.buffers = [torch.empty((size, c, h, w), dtype=torch.float32, pin_memory=self.cuda) for _ in range(2)]
+        self.turn = 0
+
+    def new_batch(self) -> _Batch:
+        self.turn ^= 1
+        return _Batch(self.buffers[self.turn], [])
+
+    def launch(self, batch: _Batch) -> None:
+        if batch.rows == 0:
+            return  # only errors: nothing to run
+        # Fixed-size engines get the whole buffer (zero rows pad the last batch); dynamic ones the rows used.
+        pixels = batch.pixels[: batch.rows] if self.runtime.dynamic_batch else batch.pixels
+        if batch.rows < self.size:
+            batch.pixels[batch.rows :].zero_()
+        if not self.cuda:
+            batch.logits = self.runtime.engine(pixels.to(self.dtype))
+            return
+        with torch.cuda.stream(self.copy_stream):
+            device = pixels.to("cuda", non_blocking=True).to(self.dtype)
+        compute = torch.cuda.current_stream()
+        compute.wait_stream(self.copy_stream)
+        device.record_stream(compute)
+        batch.logits = self.runtime.engine(device)
+
+    @staticmethod
+    def results(batch: _Batch) -> Iterator[FileResult]:
+        logits = batch.logits.float().cpu().numpy() if batch.logits is not None else None
+        for image, row, error in batch.entries:
+            if error is not None:
+                yield FileResult(image, error=error)
+            else:
+                yield FileResult(image, logits=logits[row].copy())
+
+
+def classify_files(
+    runtime: Runtime, paths: Iterable[str | Path], options: PipelineOptions = PipelineOptions()
+) -> Iterator[FileResult]:
+    """One `FileResult` per path, in the order given, streamed (see the module docstring)."""
+    options.validate()
+    size = _batch_size(runtime, options)
+    runner = _Runner(runtime, size)
+    workers = options.workers or os.cpu_count() or 1
+    window = size * (options.prefetch_batches + 1)  # files decoded ahead: what bounds memory
+    with ThreadPoolExecutor(workers, thread_name_prefix="trtmc-decode") as pool:
+        source = iter(paths)
+        pending: deque[tuple[str, Future]] = deque()
+
+        def refill() -> None:
+            while len(pending) < window and (path := next(source, None)) is not None:
+                pending.append((str(path), pool.submit(_prepare, runtime, Path(path))))
+
+        refill()
+        previous: _Batch | None = None
+        batch = runner.new_batch()
+        while pending:
+            image, future = pending.popleft()
+            refill()
+            try:
+                batch.pixels[batch.rows].copy_(future.result())
+            except InvalidInput as exc:
+                batch.entries.append((image, None, str(exc)))
+            else:
+                batch.entries.append((image, batch.rows, None))
+                batch.rows += 1
+            if batch.rows == size:
+                runner.launch(batch)
+                if previous is not None:
+                    yield from runner.results(previous)
+                previous, batch = batch, runner.new_batch()
+        runner.launch(batch)
+        if previous is not None:
+            yield from runner.results(previous)
+        yield from runner.results(batch)
