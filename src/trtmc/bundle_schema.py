@@ -81,7 +81,8 @@ def member_table(manifest: Any) -> dict[str, Member]:
     return _checked(MANIFEST, read)
 
 
-def _manifest_engines(manifest: Mapping[str, Any]) -> tuple[EngineEntry, ...]:
+def _manifest(manifest: Mapping[str, Any]) -> tuple[EngineEntry, ...]:
+    """Check every manifest field the runtime and `trtmc inspect` read; the typed engine entries."""
     fields = Fields.of(manifest)
     for name in ("tool_version", "family", "architecture", "task"):
         fields.text(name)
@@ -154,7 +155,7 @@ def read_contents(manifest: Mapping[str, Any], members: Mapping[str, bytes]) -> 
     missing = [name for name in REQUIRED if name not in members]
     if missing:
         raise MemberError(MANIFEST, f"members lists no {', '.join(missing)}")
-    engines = _checked(MANIFEST, lambda: _manifest_engines(manifest))
+    engines = _checked(MANIFEST, lambda: _manifest(manifest))
     preprocess = _checked(RUNTIME, lambda: _preprocess(_json(members, RUNTIME)))
     labels = _checked(LABELS, lambda: _labels(_json(members, LABELS)))
     weights = _weights(members)

@@ -70,7 +70,7 @@ def _load(bundle: Bundle, entry: EngineEntry, graph: Graph) -> tuple[Engine | No
     try:
         return backend.load(bundle.engine_files(entry.key), entry, graph), None
     except Exception as exc:  # native loaders raise anything (RuntimeError, OSError, ...): it did not load
-        log.debug("loading engine %s failed", entry.key, exc_info=True)
+        log.info("loading engine %s failed", entry.key, exc_info=True)  # the traceback, for -v
         return None, f"it failed to load ({_first_line(exc)})"
 
 

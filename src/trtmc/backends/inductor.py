@@ -18,7 +18,7 @@ import tempfile
 import time
 import zipfile
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping
 
 import torch
 
