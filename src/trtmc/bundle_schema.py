@@ -26,6 +26,7 @@ GRAPH = "graph.json"
 WEIGHTS = "weights.safetensors"
 REQUIRED = (RUNTIME, LABELS, GRAPH, WEIGHTS)
 ENGINES_FOLDER = "engines/"
+PRECISIONS = tuple(PRECISION_DTYPES)  # what the manifest's precision and io_dtype may name
 
 
 class MemberError(SchemaError):
@@ -90,8 +91,8 @@ def _manifest(manifest: Mapping[str, Any]) -> tuple[EngineEntry, ...]:
     source = fields.obj("source", "an object {id, revision, sha256}")
     for name in ("id", "revision", "sha256"):
         source.text(name)
-    fields.choice("precision", tuple(PRECISION_DTYPES))
-    fields.choice("io_dtype", tuple(PRECISION_DTYPES))
+    fields.choice("precision", PRECISIONS)
+    fields.choice("io_dtype", PRECISIONS)
     fields.strings("fp32_layers")
     graph = fields.obj("graph", "an object {ops, op_counts}")
     graph.integer("ops", minimum=1)
