@@ -8,7 +8,6 @@ import logging
 import sys
 from pathlib import Path
 
-from .backends import BACKENDS, DEFAULT_BACKEND, DEVICES
 from .bench.cli import add_bench
 from .progress import Progress
 
@@ -34,6 +33,8 @@ def _size(text: str) -> int:
 
 
 def _add_build(sub) -> None:
+    from .backends import BACKENDS, DEFAULT_BACKEND, DEVICES  # here: importing the CLI stays light
+
     p = sub.add_parser(
         "build",
         help="build a bundle from a timm checkpoint",
@@ -74,6 +75,7 @@ def _add_build(sub) -> None:
 
 
 def _cmd_build(args) -> int:
+    from .backends import DEFAULT_BACKEND
     from .build import BuildRequest, build_bundle
 
     request = BuildRequest(
@@ -97,6 +99,8 @@ def _cmd_build(args) -> int:
 
 
 def _add_classify(sub) -> None:
+    from .backends import BACKENDS
+
     p = sub.add_parser(
         "classify",
         help="classify images with a bundle",

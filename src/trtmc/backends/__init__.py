@@ -15,7 +15,7 @@ The contract, typed:
 
 Backends never import each other; the bundle writer and the runtime reach them through
 `get_backend(name)`. This module imports neither torch nor TensorRT, so the CLI can list backends
-without loading them.
+without loading them (nor numpy, once `DType` comes from a module free of it).
 """
 
 from __future__ import annotations
@@ -25,11 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, runtime_checkable
 
-from ..graph import DType, Graph
+from ..graph import DType
 from ..schema import Fields, SchemaError
 
 if TYPE_CHECKING:
     import torch
+
+    from ..graph import Graph
 
 # name -> one line for `--help`, in the order the runtime prefers engines: a TensorRT plan wherever
 # one can run, the uncompiled reference graph only when nothing else can.
