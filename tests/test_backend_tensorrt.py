@@ -8,8 +8,9 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from trtmc.backends import EngineSpec
+from trtmc.backends import Batching, EngineEntry, EngineSpec
 from trtmc.backends import tensorrt as backend
+from trtmc.files import update_file_atomically
 from trtmc.backends.tensorrt_lowering import TRT_LOWERINGS, lowering
 from trtmc.backends.torch_lowering import LOWERINGS
 from trtmc.graph import (
@@ -111,6 +112,7 @@ def test_every_op_kind_builds_a_plan(precision):
     assert record["build_seconds"] > 0
     assert record["options"]["profile"] == {"min": [1, 3, 16, 16], "opt": [4, 3, 16, 16], "max": [4, 3, 16, 16]}
     assert record["options"]["io_dtype"] == "f32"
+    assert built.batching == Batching.up_to(4)  # the profile serves every batch 1..4
     # Each math op computes in the dtype the precision pass gave its node.
     for kinds, layer_kind in (((OpKind.CONV2D,), "CONVOLUTION"), ((OpKind.MATMUL, OpKind.LINEAR), "MATRIX_MULTIPLY")):
         dtypes = Counter(n.type.dtype.value for n in graph.nodes if n.kind in kinds)
@@ -205,7 +207,7 @@ def test_concurrent_cache_writers_take_turns_and_lose_nothing(tmp_path):
             threading.Event().wait(0.01)  # widen the read-modify-write window
             return (current or b"") + token
 
-        backend.update_file_atomically(path, update)
+        update_file_atomically(path, update)
 
     threads = [threading.Thread(target=append, args=(f"{i};".encode(),)) for i in range(12)]
     for t in threads:
@@ -216,12 +218,17 @@ def test_concurrent_cache_writers_take_turns_and_lose_nothing(tmp_path):
     assert sorted(p.name for p in path.parent.iterdir()) == ["timing.cache", "timing.cache.lock"]  # no temp files
 
 
+def plan_entry(record: dict) -> EngineEntry:
+    return EngineEntry("tensorrt-cuda-fp16", "tensorrt", "cuda", "fp16", ("engine.plan",), Batching.up_to(1), record)
+
+
 def test_a_plan_from_tensorrt_rtx_names_what_this_machine_lacks():
     record = {"builder": "tensorrt_rtx", "builder_version": "1.7.1.116", "options": {"max_batch": 1}}
-    reason = backend.unavailable_reason(record)
+    reason = backend.unavailable_reason(plan_entry(record))
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         assert reason is not None and "CUDA GPU" in reason
     elif torch.cuda.get_device_capability() == (9, 0):
         assert reason is not None and reason.startswith("TensorRT-RTX plans cannot run on compute capability 9.0")
-    assert backend.unavailable_reason({"builder": "onnxruntime"}).startswith("this TensorRT engine names an unknown builder")
+    unknown = backend.unavailable_reason(plan_entry({"builder": "onnxruntime"}))
+    assert unknown.startswith("this TensorRT engine names an unknown builder")

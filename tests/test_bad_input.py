@@ -141,10 +141,10 @@ def test_foreign_device_engine_is_refused_with_the_fix(lite0_bundle, tmp_path, m
     bundle = read_bundle(lite0_bundle)
     manifest = dict(bundle.manifest)
     members = {k: v for k, v in bundle.members.items() if not k.startswith("engines/")}
-    members["engines/inductor-cuda-fp16/inductor-cache.bin"] = b"cache"
+    members["engines/inductor-cuda-fp32/inductor-cache.bin"] = b"cache"
     manifest["engines"] = [{
-        "key": "inductor-cuda-fp16", "backend": "inductor", "device": "cuda", "precision": "fp16",
-        "files": ["inductor-cache.bin"], "record": {"versions": {"torch": torch.__version__}},
+        "key": "inductor-cuda-fp32", "backend": "inductor", "device": "cuda", "precision": "fp32",
+        "files": ["inductor-cache.bin"], "batching": {"sizes": [1]}, "record": {"versions": {"torch": torch.__version__}},
     }]
     manifest.pop("members")
     path = write_bundle(tmp_path / "cuda.bundle", manifest, members)
@@ -152,6 +152,16 @@ def test_foreign_device_engine_is_refused_with_the_fix(lite0_bundle, tmp_path, m
         Runtime.open(path)
     result = run_cli("classify", path, "--image", "examples/images/chelsea.png", check=False)
     assert result.returncode == 1 and "no engine in this bundle can run on this machine" in result.stderr
+    assert result.stderr.count("\n") == 1  # one line; -v adds details
+
+
+def test_pixels_of_the_wrong_size_are_refused_by_the_engine_instead_of_answering_nan(runtime):
+    import torch
+
+    with pytest.raises(ValueError, match=r"expected pixels \(N, 3, 224, 224\) float32 on cpu .*, got \(1, 3, 100, 100\)"):
+        runtime.logits(torch.rand(1, 3, 100, 100))
+    with pytest.raises(ValueError, match=r"got \(1, 3, 224, 224\) float64"):
+        runtime.engine(torch.rand(1, 3, 224, 224, dtype=torch.float64))
 
 
 def test_cli_reports_a_corrupt_bundle_in_one_line(tmp_path):

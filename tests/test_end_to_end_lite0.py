@@ -81,6 +81,13 @@ def test_bundle_records_source_checkpoint_and_member_checksums(lite0_bundle):
     assert m["engines"][0]["key"] == "inductor-cpu-fp32"
 
 
+def test_default_cpu_build_records_and_serves_the_max_batch_it_was_built_for(lite0_bundle):
+    manifest = json.loads(run_cli("inspect", lite0_bundle, "--json").stdout)
+    assert manifest["engines"][0]["batching"] == {"max_batch": 1}  # --max-batch 1, the default
+    assert "record" in manifest["engines"][0] and "batch_sizes" not in manifest["engines"][0]["record"]
+    assert "any batch 1..1" in run_cli("inspect", lite0_bundle).stdout
+
+
 def test_families_lists_efficientnet_and_ghostnet_architectures():
     out = run_cli("families").stdout
     assert "tf_efficientnet_lite0" in out and "ghostnet_100" in out
@@ -100,7 +107,7 @@ def test_bf16_graph_has_no_fp32_or_fp16_convolution():
 def test_bundle_with_a_plan_and_an_inductor_engine_falls_back_with_one_line(lite0_bundle, tmp_path, caplog):
     both = tmp_path / "both.bundle"
     run_cli("build", LITE0_IN_REPO, "-o", both, "--backend", "tensorrt", "--add-engines-from", lite0_bundle, "-q")
-    keys = [e["key"] for e in read_bundle(both).engines]
+    keys = [e.key for e in read_bundle(both).engines]
     assert keys == ["tensorrt-cuda-fp32", "inductor-cpu-fp32"]
     result = run_cli("classify", both, "--image", "examples/images/chelsea.png", "--top-k", "1")
     assert "tiger cat" in result.stdout

@@ -26,11 +26,11 @@ def test_tensorrt_plan_builds_in_every_precision_and_the_manifest_records_it(arc
                      progress=lambda message: None)
         bundle = read_bundle(out)
         (engine,) = bundle.engines
-        record = engine["record"]
-        assert engine["key"] == f"tensorrt-cuda-{precision}"
+        record = engine.record
+        assert engine.key == f"tensorrt-cuda-{precision}"
         assert record["builder"] in ("tensorrt", "tensorrt_rtx") and record["builder_version"]
         assert record["network_layers"] > 10
-        assert record["plan_bytes"] == bundle.manifest["members"][f"engines/{engine['key']}/engine.plan"]["size"] > 0
+        assert record["plan_bytes"] == bundle.manifest["members"][f"engines/{engine.key}/engine.plan"]["size"] > 0
         record_property(f"{precision}_plan", {k: record[k] for k in ("network_layers", "plan_bytes", "build_seconds")})
         convs = record["layer_precisions"].get("CONVOLUTION", {})
         if convs:

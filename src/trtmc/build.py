@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .backends import BACKENDS, DEVICES, BuiltEngine, EngineSpec, backend_module
+from .backends import BACKENDS, DEFAULT_BACKEND, DEVICES, BuiltEngine, EngineEntry, EngineSpec, get_backend
 from .bundle import engine_member, weights_to_bytes, write_bundle
 from .checkpoint import open_checkpoint
 from .families import find_family, build_graph
@@ -38,7 +38,7 @@ class BuildRequest:
     output: Path
     precision: str = "fp32"
     device: str = "cpu"
-    backends: tuple[str, ...] = ("inductor",)
+    backends: tuple[str, ...] = (DEFAULT_BACKEND,)
     revision: str | None = None
     io_dtype: str = "fp32"
     max_batch: int = 1
@@ -54,12 +54,12 @@ class BuildRequest:
         if self.io_dtype not in COMPUTE_PRECISIONS:
             raise BuildError(f"--io-dtype {self.io_dtype!r}: choose {', '.join(COMPUTE_PRECISIONS)}")
         if self.device not in DEVICES:
-            raise BuildError(f"--device {self.device!r}: choose cpu or cuda")
+            raise BuildError(f"--device {self.device!r}: choose {' or '.join(DEVICES)}")
         if not self.backends:
-            raise BuildError("at least one --backend is needed (tensorrt or inductor)")
+            raise BuildError(f"at least one --backend is needed ({', '.join(BACKENDS)})")
         for backend in self.backends:
             if backend not in BACKENDS:
-                raise BuildError(f"--backend {backend!r}: choose {' or '.join(BACKENDS)}")
+                raise BuildError(f"--backend {backend!r}: choose {', '.join(BACKENDS)}")
         if len(set(self.backends)) != len(self.backends):
             raise BuildError(f"--backend lists a backend twice: {', '.join(self.backends)}")
         if self.max_batch < 1:
@@ -75,19 +75,21 @@ class BuildRequest:
             raise BuildError(f"-o {output}: folder {output.parent} does not exist")
         if self.add_engines_from is not None and not Path(self.add_engines_from).is_file():
             raise BuildError(f"--add-engines-from {self.add_engines_from}: no such bundle")
-        if self.device == "cuda" and "inductor" in self.backends:
-            import torch
-
-            if not torch.cuda.is_available():
-                raise BuildError("--device cuda: PyTorch sees no CUDA GPU here; build with --device cpu")
+        for spec in self.engine_specs():
+            reason = get_backend(spec.backend).cannot_build_reason(spec.device)
+            if reason:
+                raise BuildError(f"--backend {spec.backend} --device {spec.device}: {reason}")
 
     def engine_specs(self) -> list[EngineSpec]:
+        """One spec per backend, for `device` where the backend builds for it, else for the one
+        device it builds for (a TensorRT plan always targets cuda)."""
         specs = []
-        for backend in self.backends:
+        for name in self.backends:
+            devices = get_backend(name).devices
             specs.append(
                 EngineSpec(
-                    backend=backend,
-                    device="cuda" if backend == "tensorrt" else self.device,
+                    backend=name,
+                    device=self.device if self.device in devices else devices[0],
                     precision=self.precision,
                     io_dtype=precision_named(self.io_dtype).dtype,
                     max_batch=self.max_batch,
@@ -99,7 +101,7 @@ class BuildRequest:
         return specs
 
 
-def _borrow_engines(path: Path, members: dict[str, bytes], entries: list[dict], sha256: str) -> list[dict]:
+def _borrow_engines(path: Path, members: dict[str, bytes], entries: list[EngineEntry], sha256: str) -> list[EngineEntry]:
     """Engines of another bundle built from the same checkpoint into the same graph (e.g. a TensorRT
     plan built on another machine), added to `members`; engines this build made take precedence."""
     from .bundle import read_bundle
@@ -112,11 +114,11 @@ def _borrow_engines(path: Path, members: dict[str, bytes], entries: list[dict], 
             f"--add-engines-from {path}: its graph differs from this build's (precision {other.manifest['precision']}, "
             f"io {other.manifest['io_dtype']}); build both with the same --precision, --io-dtype and --fp32-layers"
         )
-    have = {e["key"] for e in entries}
-    borrowed = [e for e in other.engines if e["key"] not in have]
+    have = {e.key for e in entries}
+    borrowed = [e for e in other.engines if e.key not in have]
     for entry in borrowed:
-        for filename, data in other.engine_files(entry["key"]).items():
-            members[engine_member(entry["key"], filename)] = data
+        for filename, data in other.engine_files(entry.key).items():
+            members[engine_member(entry.key, filename)] = data
     return borrowed
 
 
@@ -147,7 +149,7 @@ def build_bundle(request: BuildRequest, progress: Callable[[str], None] = _defau
     for spec in request.engine_specs():
         started = time.perf_counter()
         progress(f"building the {spec.backend} engine for {spec.device} ({spec.precision})")
-        engines.append(backend_module(spec.backend).build(typed, spec, progress))
+        engines.append(get_backend(spec.backend).build(typed, spec, progress))
         progress(f"{spec.key} built in {time.perf_counter() - started:.1f} s")
 
     source = checkpoint.source
@@ -164,16 +166,7 @@ def build_bundle(request: BuildRequest, progress: Callable[[str], None] = _defau
     for engine in engines:
         for filename, data in engine.files.items():
             members[engine_member(engine.spec.key, filename)] = data
-        entries.append(
-            {
-                "key": engine.spec.key,
-                "backend": engine.spec.backend,
-                "device": engine.spec.device,
-                "precision": engine.spec.precision,
-                "files": sorted(engine.files),
-                "record": engine.record,
-            }
-        )
+        entries.append(engine.entry())
     if request.add_engines_from is not None:
         entries += _borrow_engines(Path(request.add_engines_from), members, entries, source.sha256)
     manifest = {
@@ -186,7 +179,7 @@ def build_bundle(request: BuildRequest, progress: Callable[[str], None] = _defau
         "io_dtype": request.io_dtype,
         "fp32_layers": list(request.fp32_layers),
         "graph": {"ops": len(typed.nodes), "op_counts": typed.op_counts()},
-        "engines": entries,
+        "engines": [entry.to_json() for entry in entries],
     }
     progress(f"writing {request.output}")
     return write_bundle(Path(request.output), manifest, members)

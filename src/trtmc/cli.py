@@ -8,6 +8,7 @@ import logging
 import sys
 from pathlib import Path
 
+from .bench.cli import add_bench
 from .precision import COMPUTE_PRECISIONS
 from .progress import Progress
 
@@ -33,6 +34,8 @@ def _size(text: str) -> int:
 
 
 def _add_build(sub) -> None:
+    from .backends import BACKENDS, DEFAULT_BACKEND, DEVICES  # here: importing the CLI stays light
+
     p = sub.add_parser(
         "build",
         help="build a bundle from a timm checkpoint",
@@ -41,17 +44,20 @@ def _add_build(sub) -> None:
         "  trtmc build timm/ghostnet_100.in1k -o ghostnet.bundle\n"
         "  trtmc build ./tf_efficientnet_lite0.in1k -o lite0.bundle --precision bf16\n"
         "  trtmc build timm/resnet50.a1_in1k -o r50.bundle --device cuda --precision fp16 --max-batch 128\n"
-        "  trtmc build MODEL -o both.bundle --backend tensorrt --backend inductor --device cuda",
+        "  trtmc build MODEL -o both.bundle --backend tensorrt --backend inductor --device cuda\n\n"
+        "backends:\n" + "\n".join(f"  {name:10s} {summary}" for name, summary in BACKENDS.items()),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("model", help="Hugging Face id (owner/name) or a local folder with config.json + model.safetensors")
     p.add_argument("-o", "--output", required=True, type=Path, help="bundle file to write (written atomically)")
     p.add_argument("--precision", default="fp32", choices=COMPUTE_PRECISIONS,
                    help="compute precision of every op, convolutions included (default fp32)")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
-                   help="device the inductor engine is compiled for (default cpu)")
-    p.add_argument("--backend", action="append", choices=["tensorrt", "inductor"], dest="backends",
-                   help="engine to build; repeat to put several in one bundle (default inductor)")
+    p.add_argument("--device", default="cpu", choices=DEVICES,
+                   help="device the engines are built for, where the backend builds for it (a TensorRT plan "
+                        "always targets cuda); default cpu")
+    p.add_argument("--backend", action="append", choices=list(BACKENDS), dest="backends",
+                   help=f"engine to build (see backends below); repeat to put several in one bundle "
+                        f"(default {DEFAULT_BACKEND})")
     p.add_argument("--revision", help="Hugging Face revision (branch, tag or commit) of MODEL")
     p.add_argument("--io-dtype", default="fp32", choices=COMPUTE_PRECISIONS,
                    help="dtype of the engine's input and output tensors (default fp32)")
@@ -70,6 +76,7 @@ def _add_build(sub) -> None:
 
 
 def _cmd_build(args) -> int:
+    from .backends import DEFAULT_BACKEND
     from .build import BuildRequest, build_bundle
 
     request = BuildRequest(
@@ -77,7 +84,7 @@ def _cmd_build(args) -> int:
         output=args.output,
         precision=args.precision,
         device=args.device,
-        backends=tuple(args.backends or ["inductor"]),
+        backends=tuple(args.backends or [DEFAULT_BACKEND]),
         revision=args.revision,
         io_dtype=args.io_dtype,
         max_batch=args.max_batch,
@@ -93,6 +100,8 @@ def _cmd_build(args) -> int:
 
 
 def _add_classify(sub) -> None:
+    from .backends import BACKENDS
+
     p = sub.add_parser(
         "classify",
         help="classify images with a bundle",
@@ -107,7 +116,12 @@ def _add_classify(sub) -> None:
     p.add_argument("--top-k", type=int, default=5, help="classes to show per image (default 5)")
     p.add_argument("--json", action="store_true",
                    help="JSON Lines: one object per image with image, logits (all, checkpoint order) and top")
-    p.add_argument("--engine", help="use this engine (backend name or key from `trtmc inspect`); default: the first that runs here")
+    p.add_argument("--engine", metavar="NAME",
+                   help=f"use this engine: a backend ({', '.join(BACKENDS)}) or an engine key from `trtmc inspect`; "
+                        "default: the first that runs here")
+    p.add_argument("--expect-sha256", metavar="HEX",
+                   help="refuse the bundle, before anything in it loads, unless its digest (printed by "
+                        "`trtmc inspect`) is HEX: a bundle runs native code, so pin the one you trust")
     p.set_defaults(run=_cmd_classify)
 
 
@@ -117,7 +131,7 @@ def _cmd_classify(args) -> int:
 
     if args.top_k < 1:
         raise ValueError(f"--top-k must be at least 1, got {args.top_k}")
-    runtime = Runtime.open(args.bundle, engine=args.engine)
+    runtime = Runtime.open(args.bundle, engine=args.engine, expect_sha256=args.expect_sha256)
     scores = image_to_class_scores(runtime, list(args.image))
     for image, logits, top in zip(args.image, scores.logits, scores.top(args.top_k)):
         if args.json:
@@ -157,6 +171,7 @@ def _cmd_inspect(args) -> int:
         return 0
     src = m["source"]
     print(f"bundle      {bundle.path} (format {m['format_version']}, trtmc {m['tool_version']})")
+    print(f"digest      {bundle.digest}  (sha256 of manifest.json; pin it with `trtmc classify --expect-sha256`)")
     print(f"model       {m['architecture']} (family {m['family']}), task {m['task']}, {m['num_classes']} classes")
     print(f"source      {src['id']} @ {src['revision']}  sha256 {src['sha256'][:16]}…")
     print(f"precision   {m['precision']} (io {m['io_dtype']})" + (f", fp32 layers {m['fp32_layers']}" if m.get("fp32_layers") else ""))
@@ -174,9 +189,9 @@ def _cmd_inspect(args) -> int:
         print(_counts_line("  ", kind, 14, dtypes))
     print(f"engines     {len(bundle.engines) or 'none'}")
     for e in bundle.engines:
-        r = e["record"]
-        size = sum(m["members"][f"engines/{e['key']}/{f}"]["size"] for f in e["files"])
-        line = f"  {e['key']:28s} {r.get('builder', e['backend'])} {r.get('builder_version', '')}  {size / 1e6:.1f} MB"
+        r = e.record
+        size = sum(len(data) for data in bundle.engine_files(e.key).values())
+        line = f"  {e.key:28s} {r.get('builder', e.backend)} {r.get('builder_version', '')}  {size / 1e6:.1f} MB  {e.batching}"
         if "network_layers" in r:
             line += f"  {r['network_layers']} layers"
         if "engine_layers" in r:
@@ -225,12 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_classify(sub)
     _add_inspect(sub)
     _add_families(sub)
-    try:
-        from .bench.cli import add_bench
-    except ImportError:
-        pass
-    else:
-        add_bench(sub)
+    add_bench(sub)
     return parser
 
 

@@ -1,7 +1,12 @@
-"""Atomic file writes: readers see the old file or the whole new one, never a part."""
+"""Atomic file writes: readers see the old file or the whole new one, never a part.
+
+`update_file_atomically` adds a lock around read-modify-write, so concurrent processes sharing one
+file (a TensorRT timing cache) take turns and none loses another's update.
+"""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import tempfile
 from pathlib import Path
@@ -32,3 +37,19 @@ def write_atomically(path: Path, write: Callable[[BinaryIO], None]) -> Path:
 
 def write_bytes_atomically(path: Path, data: bytes) -> Path:
     return write_atomically(path, lambda f: f.write(data))
+
+
+def update_file_atomically(path: Path, update: Callable[[bytes | None], bytes]) -> None:
+    """Replace `path` with `update(current bytes, or None)` under an exclusive flock on `<path>.lock`.
+
+    Concurrent writers take turns and each sees the previous one's result; the new content is
+    written atomically, so readers only ever see a whole file.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            write_bytes_atomically(path, update(path.read_bytes() if path.exists() else None))
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

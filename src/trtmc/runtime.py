@@ -1,21 +1,23 @@
 """Loading a bundle and running the engine that can run here.
 
-Engines are tried in the order the bundle lists them (or only the one asked for). One that cannot
-run on this machine is skipped with one clear line saying why; asking for it by name is an error
-naming the fix. The chosen engine gets device-resident float input and returns float32 logits.
+Engines are tried in the order the backends are registered (a TensorRT plan first, the uncompiled
+reference graph last), or only the one asked for. Loading is part of choosing: an engine this
+machine cannot run (its backend's `unavailable_reason`) and one that fails to load are both passed
+over with one warning line saying why, and the next one is tried; asking for an engine by name
+makes either an error naming the fix. `Runtime.logits` feeds the chosen engine host pixels in
+chunks its `Batching` serves (padded up to a served size) and returns float32 host logits.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
-from .backends import BACKENDS, backend_module
+from .backends import BACKENDS, DEFAULT_BACKEND, Batching, Engine, EngineEntry, get_backend, unknown_backend_message
+from .backends.torch_lowering import TORCH_DTYPES
 from .bundle import Bundle, BundleError, read_bundle
 from .graph import Graph
 from .preprocess import PreprocessSpec
@@ -27,46 +29,67 @@ class EngineUnavailable(RuntimeError):
     """No engine in the bundle can run on this machine (or the one asked for cannot)."""
 
 
-@dataclass(frozen=True)
-class EngineChoice:
-    key: str
-    backend: str
-    device: str
-    record: dict[str, Any]
+def _preference(entry: EngineEntry) -> int:
+    return list(BACKENDS).index(entry.backend) if entry.backend in BACKENDS else len(BACKENDS)
 
 
-def choose_engine(bundle: Bundle, wanted: str | None = None) -> tuple[EngineChoice, list[str]]:
-    """The first engine that can run here, and one line for each engine passed over."""
-    # TensorRT first: trtmc prefers a plan wherever one can run.
-    engines = sorted(bundle.engines, key=lambda e: BACKENDS.index(e["backend"]) if e["backend"] in BACKENDS else 99)
-    if wanted is not None:
-        matches = [e for e in engines if wanted in (e["key"], e["backend"])]
-        if not matches:
-            have = ", ".join(e["key"] for e in engines) or "none"
-            raise EngineUnavailable(
-                f"{bundle.path}: no {wanted!r} engine in this bundle (it has: {have}); "
-                f"rebuild with `trtmc build ... --backend {wanted.split('-')[0]}`"
-            )
-        engines = matches
+def _candidates(bundle: Bundle, wanted: str | None) -> list[EngineEntry]:
+    engines = sorted(bundle.engines, key=_preference)
+    if not engines:
+        raise EngineUnavailable(
+            f"{bundle.path}: the bundle holds no engine; rebuild with `trtmc build ... --backend {DEFAULT_BACKEND}`"
+        )
+    if wanted is None:
+        return engines
+    matches = [e for e in engines if wanted in (e.key, e.backend)]
+    if not matches:
+        have = ", ".join(e.key for e in engines)
+        backend = wanted.split("-")[0]
+        fix = (
+            f"add one with `trtmc build ... --backend {backend}`"
+            if backend in BACKENDS
+            else f"--engine takes a backend ({', '.join(BACKENDS)}) or an engine key"
+        )
+        raise EngineUnavailable(f"{bundle.path}: no {wanted!r} engine in this bundle (it has: {have}); {fix}")
+    return matches
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def _load(bundle: Bundle, entry: EngineEntry, graph: Graph) -> tuple[Engine | None, str | None]:
+    """The loaded engine, or None and why it cannot run here."""
+    if entry.backend not in BACKENDS:
+        return None, unknown_backend_message(entry.backend) + " (a newer trtmc may run it)"
+    backend = get_backend(entry.backend)
+    reason = backend.unavailable_reason(entry)
+    if reason is not None:
+        return None, reason
+    try:
+        return backend.load(bundle.engine_files(entry.key), entry, graph), None
+    except Exception as exc:  # native loaders raise anything (RuntimeError, OSError, ...): it did not load
+        log.info("loading engine %s failed", entry.key, exc_info=True)  # the traceback, for -v
+        return None, f"it failed to load ({_first_line(exc)})"
+
+
+def open_engine(bundle: Bundle, wanted: str | None = None) -> tuple[EngineEntry, Engine, list[str]]:
+    """The first engine that can run here, loaded, and one line for each engine passed over."""
+    graph = bundle.graph()
     skipped: list[str] = []
-    for entry in engines:
-        reason = backend_module(entry["backend"]).unavailable_reason(entry["record"], entry["device"])
-        if reason is None:
-            return EngineChoice(entry["key"], entry["backend"], entry["device"], entry["record"]), skipped
-        line = f"engine {entry['key']} cannot run here: {reason}"
+    for entry in _candidates(bundle, wanted):
+        engine, reason = _load(bundle, entry, graph)
+        if engine is not None:
+            return entry, engine, skipped
+        line = f"engine {entry.key} cannot run here: {reason}"
         if wanted is not None:
             raise EngineUnavailable(f"{bundle.path}: {line}")
         skipped.append(line)
-    if not bundle.engines:
-        raise EngineUnavailable(
-            f"{bundle.path}: the bundle holds no engine; rebuild with `trtmc build ... --backend inductor`"
-        )
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     raise EngineUnavailable(
-        f"{bundle.path}: no engine in this bundle can run on this machine:\n  "
-        + "\n  ".join(skipped)
-        + "\nRebuild the bundle on this machine (e.g. `trtmc build MODEL -o OUT --device "
-        + ("cuda" if torch.cuda.is_available() else "cpu")
-        + "`)."
+        f"{bundle.path}: no engine in this bundle can run on this machine ({'; '.join(skipped)}); "
+        f"rebuild the bundle here, e.g. `trtmc build MODEL -o OUT --device {device}`"
     )
 
 
@@ -75,51 +98,58 @@ class Runtime:
 
     def __init__(self, bundle: Bundle, engine: str | None = None) -> None:
         self.bundle = bundle
-        self.choice, skipped = choose_engine(bundle, engine)
-        for line in skipped:
+        self.choice, self.engine, self.skipped = open_engine(bundle, engine)
+        for line in self.skipped:
             log.warning("%s; using %s instead", line, self.choice.key)
-        self.skipped = skipped
         self.preprocess: PreprocessSpec = bundle.preprocess
-        labels = bundle.labels
-        self.label_names: tuple[str, ...] = tuple(labels.get("names", []))
-        self.label_descriptions: dict[str, str] = dict(labels.get("descriptions", {}))
+        self.label_names: tuple[str, ...] = tuple(bundle.labels["names"])
+        self.label_descriptions: dict[str, str] = dict(bundle.labels["descriptions"])
         self.graph: Graph = bundle.graph()
-        module = backend_module(self.choice.backend)
-        self.engine = module.load(bundle.engine_files(self.choice.key), self.choice.record, self.graph, self.choice.device)
-        self.device = self.choice.device
-        # Engines serve either any batch up to `max_batch` (dynamic) or a fixed set of batch sizes.
-        self.dynamic_batch = bool(getattr(self.engine, "dynamic_batch", False))
-        self.batch_sizes = sorted(getattr(self.engine, "batch_sizes", None) or self.choice.record.get("batch_sizes", [1]))
-        self.max_batch = int(getattr(self.engine, "max_batch", max(self.batch_sizes)))
+        self.device: str = self.engine.device
+        self._input_dtype = TORCH_DTYPES[self.graph.inputs[0].type.dtype]
 
     @classmethod
-    def open(cls, path: str | Path, engine: str | None = None) -> "Runtime":
-        return cls(read_bundle(Path(path)), engine)
+    def open(cls, path: str | Path, engine: str | None = None, expect_sha256: str | None = None) -> "Runtime":
+        """Read and check the bundle at `path` (refused before anything loads when its manifest
+        digest is not `expect_sha256`), then load the first engine that runs here, or `engine`."""
+        return cls(read_bundle(Path(path), expect_sha256), engine)
+
+    @property
+    def batching(self) -> Batching:
+        return self.engine.batching
+
+    # The three below describe `batching` for callers written before it; new code reads `batching`.
+    @property
+    def dynamic_batch(self) -> bool:
+        return self.batching.dynamic
+
+    @property
+    def batch_sizes(self) -> list[int]:
+        return list(self.batching.sizes or self.batching.warm_up_sizes())
+
+    @property
+    def max_batch(self) -> int:
+        return self.batching.max_batch
 
     @property
     def num_classes(self) -> int:
         return int(self.graph.node(self.graph.outputs[0]).type.shape[-1])
 
-    def _run_chunk(self, pixels: torch.Tensor) -> torch.Tensor:
-        n = pixels.shape[0]
-        if self.dynamic_batch:
-            return self.engine(pixels)
-        size = next(s for s in self.batch_sizes if s >= n)
-        if size != n:  # pad to a compiled batch size; the padding rows are dropped
-            pad = torch.zeros((size - n,) + tuple(pixels.shape[1:]), device=pixels.device, dtype=pixels.dtype)
-            pixels = torch.cat([pixels, pad])
-        return self.engine(pixels)[:n]
-
     def logits(self, pixels: torch.Tensor) -> np.ndarray:
         """Preprocessed NCHW float32 host pixels -> float32 logits [N, classes] on the host."""
-        from .backends.torch_lowering import TORCH_DTYPES
-
-        dtype = TORCH_DTYPES[self.graph.inputs[0].type.dtype]
+        if pixels.dim() != 4 or pixels.shape[0] == 0:
+            raise ValueError(f"expected a non-empty NCHW batch of pixels, got shape {tuple(pixels.shape)}")
+        batching = self.batching
         outputs = []
-        for start in range(0, pixels.shape[0], self.max_batch):
-            chunk = pixels[start : start + self.max_batch].to(self.device, dtype)
-            outputs.append(self._run_chunk(chunk).float().cpu())
+        for start in range(0, pixels.shape[0], batching.max_batch):
+            chunk = pixels[start : start + batching.max_batch].to(self.device, self._input_dtype)
+            n = chunk.shape[0]
+            size = batching.run_size(n)
+            if size != n:  # pad to a batch size the engine serves; the padding rows are dropped
+                pad = torch.zeros((size - n, *chunk.shape[1:]), device=chunk.device, dtype=chunk.dtype)
+                chunk = torch.cat([chunk, pad])
+            outputs.append(self.engine(chunk)[:n].cpu())
         return torch.cat(outputs).numpy()
 
 
-__all__ = ["Runtime", "EngineUnavailable", "BundleError", "choose_engine", "BACKENDS"]
+__all__ = ["Runtime", "EngineUnavailable", "BundleError", "open_engine", "BACKENDS"]

@@ -1,29 +1,36 @@
 """The inductor backend: the graph lowered to torch FX and compiled by PyTorch Inductor.
 
-CPU: an AOTInductor package (`model.pt2`, weights inside), exported with a dynamic batch
-dimension and loaded without compiling. CUDA: loading AOTInductor packages segfaults in the H200
+CPU: an AOTInductor package (`model.pt2`, weights inside), exported with a symbolic batch
+dimension and loaded without compiling; the bundle records, and the engine serves, any batch
+1..max_batch as requested at build time. CUDA: loading AOTInductor packages segfaults in the H200
 image's torch 2.11, so the CUDA engine is `torch.compile` of the FX graph with Inductor's cache
 artifacts saved at build time (`inductor-cache.bin`); loading replays them, so a fresh process
-compiles warm. The runtime replays the compiled graph in a CUDA graph per batch size with static
-input and output buffers.
+compiles warm. It serves the fixed batch sizes it was compiled for, each replayed in a CUDA graph
+with static input and output buffers (the caller gets a copy of the output, never the buffer).
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import tempfile
 import time
+import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Mapping
 
 import torch
 
 from ..graph import Graph
-from . import BuiltEngine, EngineSpec, Progress
+from . import Batching, BuiltEngine, Engine, EngineEntry, EngineSpec, Progress
+from .engine_io import EngineBase, PixelSpec, device_missing_reason
 from .torch_lowering import to_fx
 
 log = logging.getLogger(__name__)
+
+name = "inductor"
+devices = ("cpu", "cuda")
 
 CPU_PACKAGE = "model.pt2"
 CUDA_CACHE = "inductor-cache.bin"
@@ -45,8 +52,9 @@ def compiled_batch_sizes(max_batch: int) -> list[int]:
     return sorted({1, max_batch})
 
 
-def cpu_batch_limit(max_batch: int) -> int:
-    """The CPU package takes any batch up to this (it is exported with a symbolic batch)."""
+def _export_batch_limit(max_batch: int) -> int:
+    """The symbolic batch's upper bound in the exported CPU program. The engine serves 1..max_batch;
+    the export keeps a wider range (at least 2: a size-1 bound would specialise the batch)."""
     return max(max_batch, 256)
 
 
@@ -65,12 +73,20 @@ def _cuda_layout(x: torch.Tensor) -> torch.Tensor:
     return x.to(memory_format=torch.channels_last) if x.dim() == 4 else x
 
 
+def cannot_build_reason(device: str) -> str | None:
+    if device == "cuda" and not torch.cuda.is_available():
+        return "PyTorch sees no CUDA GPU here; build with --device cpu"
+    return None
+
+
 def build(graph: Graph, spec: EngineSpec, progress: Progress) -> BuiltEngine:
     start = time.perf_counter()
     if spec.device == "cpu":
         files, extra = _build_cpu(graph, spec, progress)
+        batching = Batching.up_to(spec.max_batch)
     elif spec.device == "cuda":
         files, extra = _build_cuda(graph, spec, progress)
+        batching = Batching.fixed(compiled_batch_sizes(spec.max_batch))
     else:
         raise ValueError(f"inductor backend: unknown device {spec.device!r}")
     record = {
@@ -82,14 +98,14 @@ def build(graph: Graph, spec: EngineSpec, progress: Progress) -> BuiltEngine:
         "size_bytes": sum(len(b) for b in files.values()),
         **extra,
     }
-    return BuiltEngine(spec=spec, files=files, record=record)
+    return BuiltEngine(spec=spec, files=files, batching=batching, record=record)
 
 
 def _build_cpu(graph: Graph, spec: EngineSpec, progress: Progress) -> tuple[dict[str, bytes], dict]:
     module = to_fx(graph).eval()
     example = _example(graph, 2, "cpu")
     # Batch 2 as the example keeps the batch symbolic (a size-1 example would be specialised).
-    batch = torch.export.Dim("batch", min=1, max=cpu_batch_limit(spec.max_batch))
+    batch = torch.export.Dim("batch", min=1, max=_export_batch_limit(spec.max_batch))
     progress("exporting the graph for AOTInductor")
     with torch.no_grad():
         exported = torch.export.export(module, (example,), dynamic_shapes=({0: batch},))
@@ -97,15 +113,13 @@ def _build_cpu(graph: Graph, spec: EngineSpec, progress: Progress) -> tuple[dict
     with tempfile.TemporaryDirectory() as tmp:
         package = Path(tmp) / CPU_PACKAGE
         torch._inductor.aoti_compile_and_package(exported, package_path=str(package))
-        return {CPU_PACKAGE: package.read_bytes()}, {
-            "device_name": "cpu",
-            "batch_sizes": [1, cpu_batch_limit(spec.max_batch)],
-        }
+        return {CPU_PACKAGE: package.read_bytes()}, {"device_name": "cpu"}
 
 
 def _build_cuda(graph: Graph, spec: EngineSpec, progress: Progress) -> tuple[dict[str, bytes], dict]:
-    if not torch.cuda.is_available():
-        raise RuntimeError("--device cuda needs a CUDA GPU visible to PyTorch; build with --device cpu here")
+    reason = cannot_build_reason("cuda")
+    if reason:
+        raise RuntimeError(reason)
     _forget_earlier_compiles()
     compiled = _compile_cuda(graph)
     sizes = compiled_batch_sizes(spec.max_batch)
@@ -120,7 +134,6 @@ def _build_cuda(graph: Graph, spec: EngineSpec, progress: Progress) -> tuple[dic
     data, _info = artifacts
     props = torch.cuda.get_device_properties(0)
     return {CUDA_CACHE: bytes(data)}, {
-        "batch_sizes": sizes,
         "device_name": props.name,
         "compute_capability": f"{props.major}.{props.minor}",
     }
@@ -142,11 +155,12 @@ def _compile_cuda(graph: Graph):
     return torch.compile(module, dynamic=False)
 
 
-def unavailable_reason(record: dict[str, Any], device: str) -> str | None:
-    if device == "cuda" and not torch.cuda.is_available():
-        return "this engine runs on a CUDA GPU and this machine has none (rebuild with --device cpu)"
-    built_with = record.get("versions", {}).get("torch")
-    if device == "cpu" and built_with and built_with.split("+")[0] != torch.__version__.split("+")[0]:
+def unavailable_reason(entry: EngineEntry) -> str | None:
+    missing = device_missing_reason(entry.device)
+    if missing:
+        return missing
+    built_with = entry.record.get("versions", {}).get("torch")
+    if entry.device == "cpu" and built_with and built_with.split("+")[0] != torch.__version__.split("+")[0]:
         return (
             f"the AOTInductor package was built by torch {built_with} and this is torch {torch.__version__}; "
             "rebuild the bundle here"
@@ -154,18 +168,22 @@ def unavailable_reason(record: dict[str, Any], device: str) -> str | None:
     return None
 
 
-def load(files: dict[str, bytes], record: dict[str, Any], graph: Graph, device: str):
-    if device == "cpu":
-        return _CpuEngine(files[CPU_PACKAGE], max(record.get("batch_sizes", [1])))
-    return _CudaEngine(graph, files[CUDA_CACHE], record.get("batch_sizes", [1]))
+def load(files: Mapping[str, bytes], entry: EngineEntry, graph: Graph) -> Engine:
+    package = CPU_PACKAGE if entry.device == "cpu" else CUDA_CACHE
+    if package not in files:
+        raise RuntimeError(f"the inductor engine {entry.key} has no {package}; its files are {sorted(files)}")
+    if entry.device == "cpu":
+        return InductorCpuEngine(files[CPU_PACKAGE], entry.batching, PixelSpec.of(graph, "cpu"))
+    return InductorCudaEngine(graph, files[CUDA_CACHE], entry.batching)
 
 
-class _CpuEngine:
-    device = "cpu"
-    dynamic_batch = True
+class InductorCpuEngine(EngineBase):
+    """The AOTInductor package, loaded once; any batch 1..max_batch."""
 
-    def __init__(self, package: bytes, max_batch: int) -> None:
-        self.max_batch = max_batch
+    def __init__(self, package: bytes, batching: Batching, pixels: PixelSpec) -> None:
+        super().__init__(pixels, batching)
+        if not zipfile.is_zipfile(io.BytesIO(package)):  # torch would only log "outdated pt2 file" and fail
+            raise ValueError(f"{CPU_PACKAGE} is not an AOTInductor package (not a zip archive)")
         # aoti_load_package needs a path; the package is read fully at load, so the file can go.
         fd, path = tempfile.mkstemp(suffix=".pt2")
         try:
@@ -175,29 +193,22 @@ class _CpuEngine:
         finally:
             os.unlink(path)
 
-    def __call__(self, pixels: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            return self._model(pixels).float()
+    def _forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        return self._model(pixels)
 
 
-class _CudaEngine:
-    """torch.compile with the bundle's Inductor caches, replayed in one CUDA graph per batch size."""
+class InductorCudaEngine(EngineBase):
+    """torch.compile with the bundle's Inductor caches, replayed in one CUDA graph per batch size
+    (captured on a size's first call, or in `warm_up`)."""
 
-    device = "cuda"
-    dynamic_batch = False
-
-    def __init__(self, graph: Graph, cache: bytes, batch_sizes: list[int]) -> None:
-        from .torch_lowering import TORCH_DTYPES
-
+    def __init__(self, graph: Graph, cache: bytes, batching: Batching) -> None:
+        super().__init__(PixelSpec.of(graph, "cuda"), batching)
         torch.compiler.load_cache_artifacts(cache)
         self._compiled = _compile_cuda(graph)
-        self._input_dtype = TORCH_DTYPES[graph.inputs[0].type.dtype]
-        self._input_shape = tuple(graph.inputs[0].type.shape[1:])
-        self.batch_sizes = sorted(batch_sizes)
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
 
     def _capture(self, batch: int):
-        static_in = _cuda_layout(torch.zeros((batch,) + self._input_shape, device="cuda", dtype=self._input_dtype))
+        static_in = _cuda_layout(self._pixels.zeros(batch))
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.no_grad(), torch.cuda.stream(stream):
@@ -209,17 +220,11 @@ class _CudaEngine:
             static_out = self._compiled(static_in)
         return cuda_graph, static_in, static_out
 
-    def warm_up(self) -> None:
-        for batch in self.batch_sizes:
-            self._graphs.setdefault(batch, self._capture(batch))
-
-    def __call__(self, pixels: torch.Tensor) -> torch.Tensor:
+    def _forward(self, pixels: torch.Tensor) -> torch.Tensor:
         n = pixels.shape[0]
-        if n not in self.batch_sizes:
-            raise ValueError(f"this engine was compiled for batch sizes {self.batch_sizes}, got {n}")
         if n not in self._graphs:
             self._graphs[n] = self._capture(n)
         cuda_graph, static_in, static_out = self._graphs[n]
         static_in.copy_(pixels, non_blocking=True)
         cuda_graph.replay()
-        return static_out.float()
+        return static_out  # the next replay overwrites it: EngineBase hands out a copy

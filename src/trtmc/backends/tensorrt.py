@@ -15,89 +15,57 @@ two differ:
 - At run time TensorRT-RTX compiles its kernels just in time and captures CUDA graphs itself
   (`IRuntimeConfig.cuda_graph_strategy`); with the full TensorRT we capture the execute call with torch.
 
-Backend interface: `build`, `unavailable_reason`, `load` (see `backends/__init__.py`); tests and
-`trtmc inspect` also use `define_network` and `network_precisions`.
+Backend interface: `cannot_build_reason`, `build`, `unavailable_reason`, `load` (see
+`backends/__init__.py`); tests and `trtmc inspect` also use `define_network` and
+`network_precisions`. What the builder and the engine (`tensorrt_engine`) share lives in
+`tensorrt_common`.
 """
 
 from __future__ import annotations
 
-import fcntl
-import importlib
 import json
 import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Mapping
 
-from ..files import write_bytes_atomically
+from ..files import update_file_atomically
 from ..graph import DType, Graph, OpKind
-from ..precision import PRECISIONS
-from . import BuiltEngine, EngineSpec, Progress
-from .tensorrt_lowering import INPUT_NAME, OUTPUT_NAME, TRT_LOWERINGS, TRT_MODULE, Lowerer, UnsupportedNode, trt, trt_dtype
+from . import Batching, BuiltEngine, Engine, EngineEntry, EngineSpec, Progress
+from .tensorrt_common import (
+    RTX_DEFAULT_TARGETS,
+    TRT_MODULE,
+    TensorRTBuildError,
+    TensorRTLoadError,
+    capturing_logger,
+    dtype_name,
+    gpu,
+    plan_unavailable_reason,
+    trt,
+    version,
+)
+from .tensorrt_engine import TensorRTEngine
+from .tensorrt_lowering import INPUT_NAME, OUTPUT_NAME, TRT_LOWERINGS, Lowerer, UnsupportedNode, trt_dtype
 
 _log = logging.getLogger(__name__)
 
+name = "tensorrt"
+devices = ("cuda",)  # plans run on NVIDIA GPUs; TensorRT-RTX builds them on any machine
+
 PLAN_FILE = "engine.plan"
-BUILDERS = ("tensorrt", "tensorrt_rtx")
-_PIP = {"tensorrt": "tensorrt", "tensorrt_rtx": "tensorrt-rtx-cu12 or tensorrt-rtx-cu13"}
-# What a TensorRT-RTX plan built with the default builder config runs on ("12.x": any 12.y).
-RTX_DEFAULT_TARGETS = ("8.0", "8.6", "8.9", "12.x")
 
 
-class TensorRTBuildError(RuntimeError):
-    """TensorRT rejected the network or the build; the message carries TensorRT's own errors."""
+# ---- progress: TensorRT calls back into Python -----------------------------------------------------
 
-    def __init__(self, message: str, tensorrt_errors: list[str] = ()):  # type: ignore[assignment]
-        self.tensorrt_errors = list(tensorrt_errors)
-        if self.tensorrt_errors:
-            message += "\n" + "\n".join(f"  TensorRT: {e}" for e in self.tensorrt_errors)
-        super().__init__(message)
-
-
-class TensorRTLoadError(RuntimeError):
-    pass
-
-
-# ---- logging and progress: TensorRT calls back into Python --------------------------------------
-
-_CLASSES: dict[tuple[str, str], type] = {}
-_LOGGERS: dict[tuple[str, str], Any] = {}
-
-
-def _logger(module) -> Any:
-    """The process-wide ILogger for `module`: it keeps every error message (exceptions quote those
-    since a mark, `logger.since(mark)`) and forwards warnings to logging. One per module, because
-    TensorRT may keep using the first logger it was given for every later builder and runtime."""
-    key = (module.__name__, "logger")
-    if key not in _LOGGERS:
-
-        class CapturingLogger(module.ILogger):
-            def __init__(self) -> None:
-                module.ILogger.__init__(self)
-                self.errors: list[str] = []
-
-            def log(self, severity, msg) -> None:
-                if severity <= module.ILogger.ERROR:  # ERROR and INTERNAL_ERROR
-                    self.errors.append(msg)
-                    _log.debug("TensorRT error: %s", msg)
-                elif severity == module.ILogger.WARNING:
-                    _log.warning("TensorRT: %s", msg)
-                elif severity == module.ILogger.INFO:
-                    _log.debug("TensorRT: %s", msg)
-
-            def since(self, mark: int) -> list[str]:
-                return self.errors[mark:]
-
-        _LOGGERS[key] = CapturingLogger()
-    return _LOGGERS[key]
+_MONITORS: dict[str, type] = {}
 
 
 def _progress_monitor(module, progress: Progress) -> Any:
     """Reports the builder's top-level phases through `progress`."""
-    key = (module.__name__, "monitor")
-    if key not in _CLASSES:
+    key = module.__name__
+    if key not in _MONITORS:
 
         class Monitor(module.IProgressMonitor):
             def __init__(self, progress: Progress) -> None:
@@ -117,16 +85,23 @@ def _progress_monitor(module, progress: Progress) -> Any:
             def phase_finish(self, phase_name) -> None:
                 pass
 
-        _CLASSES[key] = Monitor
-    return _CLASSES[key](progress)
+        _MONITORS[key] = Monitor
+    return _MONITORS[key](progress)
 
 
-def _require_builder() -> None:
+def cannot_build_reason(device: str) -> str | None:
     if trt is None:
-        raise TensorRTBuildError(
+        return (
             "neither the tensorrt nor the tensorrt_rtx Python module imports here; "
             "`pip install tensorrt-rtx-cu13` builds plans on any machine, CPU-only included"
         )
+    return None
+
+
+def _require_builder() -> None:
+    reason = cannot_build_reason("cuda")
+    if reason:
+        raise TensorRTBuildError(reason)
 
 
 # ---- the network definition ----------------------------------------------------------------------
@@ -172,7 +147,7 @@ def define_network(graph: Graph, spec: EngineSpec) -> NetworkDefinition:
                 f"io_dtype {spec.io_dtype.value}; assign precision with the same io_dtype"
             )
 
-    logger = _logger(trt)
+    logger = capturing_logger(trt)
     start = len(logger.errors)
     builder = trt.Builder(logger)
     network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
@@ -194,7 +169,7 @@ def define_network(graph: Graph, spec: EngineSpec) -> NetworkDefinition:
             raise TensorRTBuildError(f"TensorRT rejected {where}", logger.since(seen))
         if shape[1:] != node.type.shape[1:] or dtype != trt_dtype(node.type.dtype):
             raise TensorRTBuildError(
-                f"the TensorRT lowering of {where} gives {_dtype_name(dtype)}{list(shape)}: "
+                f"the TensorRT lowering of {where} gives {dtype_name(dtype)}{list(shape)}: "
                 "it does not mean what the graph says"
             )
         if node.kind is not OpKind.INPUT and node.name not in (INPUT_NAME, OUTPUT_NAME):
@@ -217,10 +192,6 @@ def define_network(graph: Graph, spec: EngineSpec) -> NetworkDefinition:
     )
 
 
-def _dtype_name(dtype) -> str:
-    return {p.tensorrt_name: p.dtype.value for p in PRECISIONS.values()}.get(dtype.name, dtype.name.lower())
-
-
 def describe_layers(network) -> list[dict]:
     """Per layer of a network definition: name, type, input/output dtypes, and the kernel dtype of
     convolutions (their weights are not tensors, so they are read from the layer)."""
@@ -231,12 +202,12 @@ def describe_layers(network) -> list[dict]:
         info = {
             "name": layer.name,
             "type": layer.type.name,
-            "inputs": [_dtype_name(t.dtype) for t in tensors_in if t is not None],
-            "outputs": [_dtype_name(layer.get_output(j).dtype) for j in range(layer.num_outputs)],
+            "inputs": [dtype_name(t.dtype) for t in tensors_in if t is not None],
+            "outputs": [dtype_name(layer.get_output(j).dtype) for j in range(layer.num_outputs)],
         }
         if layer.type == trt.LayerType.CONVOLUTION:
             layer.__class__ = trt.IConvolutionLayer  # get_layer returns the base class
-            info["weights"] = _dtype_name(layer.kernel.dtype)
+            info["weights"] = dtype_name(layer.kernel.dtype)
         layers.append(info)
     return layers
 
@@ -262,23 +233,6 @@ def network_precisions(network) -> dict[str, dict[str, int]]:
 
 
 # ---- the timing cache: one file shared by concurrent builds --------------------------------------
-
-
-def update_file_atomically(path: Path, update: Callable[[bytes | None], bytes]) -> None:
-    """Replace `path` with `update(current bytes, or None)` under an exclusive flock on `<path>.lock`.
-
-    Concurrent writers take turns and each sees the previous one's result; the new content goes to a
-    temporary file in the same directory first and then `os.replace`s the old one, so readers only
-    ever see a whole file.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(path.name + ".lock"), "a+b") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            write_bytes_atomically(path, update(path.read_bytes() if path.exists() else None))
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 class _TimingCache:
@@ -315,14 +269,6 @@ class _TimingCache:
 # ---- build -----------------------------------------------------------------------------------------
 
 
-def _version(module) -> str:
-    return str(module.__version__)
-
-
-def _short(version: str) -> str:
-    return ".".join(version.split(".")[:3])
-
-
 def _quiet(message: str) -> None:
     pass
 
@@ -330,7 +276,7 @@ def _quiet(message: str) -> None:
 def build(graph: Graph, spec: EngineSpec, progress: Progress | None = None) -> BuiltEngine:
     """Build a plan for `graph` (precision already assigned) as `spec` asks; see the module docstring."""
     progress = progress or _quiet
-    if spec.backend != "tensorrt":
+    if spec.backend != name:
         raise ValueError(f"the tensorrt backend cannot build a {spec.backend!r} engine")
     if spec.device != "cuda":
         raise ValueError(f"TensorRT engines run on cuda, not {spec.device!r}")
@@ -340,7 +286,7 @@ def build(graph: Graph, spec: EngineSpec, progress: Progress | None = None) -> B
         raise ValueError(f"max_batch must be at least 1, got {spec.max_batch}")
     definition = define_network(graph, spec)
     builder, network = definition.builder, definition.network
-    progress(f"TensorRT network: {network.num_layers} layers ({TRT_MODULE} {_version(trt)})")
+    progress(f"TensorRT network: {network.num_layers} layers ({TRT_MODULE} {version(trt)})")
 
     config = builder.create_builder_config()
     config.builder_optimization_level = spec.opt_level
@@ -366,7 +312,7 @@ def build(graph: Graph, spec: EngineSpec, progress: Progress | None = None) -> B
     seconds = time.perf_counter() - started
     if plan is None:
         errors = definition.logger.since(definition.errors_from)
-        raise TensorRTBuildError(f"{TRT_MODULE} {_version(trt)} could not build the plan for {spec.key}", errors)
+        raise TensorRTBuildError(f"{TRT_MODULE} {version(trt)} could not build the plan for {spec.key}", errors)
     data = bytes(memoryview(plan))
     if cache is not None:
         cache.save()
@@ -374,7 +320,7 @@ def build(graph: Graph, spec: EngineSpec, progress: Progress | None = None) -> B
 
     record: dict[str, Any] = {
         "builder": TRT_MODULE,
-        "builder_version": _version(trt),
+        "builder_version": version(trt),
         "options": {
             "opt_level": spec.opt_level,
             "workspace": spec.workspace,
@@ -396,33 +342,22 @@ def build(graph: Graph, spec: EngineSpec, progress: Progress | None = None) -> B
     if engine_layers is not None:
         record["engine_layers"] = engine_layers
     del definition, monitor  # the network's weights may go only now that the plan exists
-    return BuiltEngine(spec=spec, files={PLAN_FILE: data}, record=record)
-
-
-def _gpu() -> tuple[tuple[int, int], str] | None:
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            return torch.cuda.get_device_capability(), torch.cuda.get_device_name()
-    except Exception:  # a broken CUDA install reads as no GPU
-        pass
-    return None
+    return BuiltEngine(spec=spec, files={PLAN_FILE: data}, batching=Batching.up_to(spec.max_batch), record=record)
 
 
 def _build_targets() -> list[str]:
     if TRT_MODULE == "tensorrt_rtx":
         return list(RTX_DEFAULT_TARGETS)  # the builder config keeps TensorRT-RTX's portable default
-    gpu = _gpu()
-    return [f"{gpu[0][0]}.{gpu[0][1]}"] if gpu else []
+    here = gpu()
+    return [f"{here[0][0]}.{here[0][1]}"] if here else []
 
 
 def _engine_layer_count(plan: bytes, record: dict) -> int | None:
     """Layers of the built engine, where this machine can deserialize it (a supported GPU)."""
-    if unavailable_reason(record) is not None:
+    if plan_unavailable_reason(record) is not None:
         return None
     try:
-        runtime = trt.Runtime(_logger(trt))
+        runtime = trt.Runtime(capturing_logger(trt))
         engine = runtime.deserialize_cuda_engine(plan)
         info = json.loads(engine.create_engine_inspector().get_engine_information(trt.LayerInformationFormat.JSON))
         return len(info.get("Layers", []))
@@ -431,55 +366,15 @@ def _engine_layer_count(plan: bytes, record: dict) -> int | None:
         return None
 
 
-# ---- can it run here? ------------------------------------------------------------------------------
+# ---- can it run here, and load ------------------------------------------------------------------------
 
 
-def _runs_on(capability: tuple[int, int], targets: list[str]) -> bool:
-    major, minor = capability
-    return any(t == f"{major}.{minor}" or t == f"{major}.x" for t in targets)
+def unavailable_reason(entry: EngineEntry) -> str | None:
+    """None when this machine can run the entry's plan, else one line saying why not."""
+    return plan_unavailable_reason(entry.record)
 
 
-def unavailable_reason(record: dict, device: str = "cuda") -> str | None:
-    """None when this machine can run a plan built with `record`, else one line saying why not."""
-    builder, version = record.get("builder"), str(record.get("builder_version", "?"))
-    if builder not in BUILDERS:
-        return f"this TensorRT engine names an unknown builder {builder!r}; rebuild it"
-    gpu = _gpu()
-    if gpu is None:
-        return "TensorRT plans run only on a CUDA GPU and none is available here; use the inductor engine"
-    (major, minor), name = gpu
-    targets = record.get("compute_capabilities") or (list(RTX_DEFAULT_TARGETS) if builder == "tensorrt_rtx" else [])
-    if not _runs_on((major, minor), targets):
-        if builder == "tensorrt_rtx":
-            return (
-                f"TensorRT-RTX plans cannot run on compute capability {major}.{minor} ({name}); this bundle's plan "
-                f"was built by tensorrt_rtx {_short(version)}; use another engine or rebuild with the full TensorRT "
-                f"on this GPU"
-            )
-        built_for = ", ".join(targets) or "an unrecorded GPU"
-        return (
-            f"this TensorRT plan was built for compute capability {built_for} and cannot run on {major}.{minor} "
-            f"({name}); rebuild it on this GPU or use another engine"
-        )
-    try:
-        module = importlib.import_module(builder)
-    except Exception as exc:
-        return f"this plan needs the {builder} Python module (pip: {_PIP[builder]}), which does not import here: {exc}"
-    here = _version(module)
-    if here != version:
-        return (
-            f"this plan was built by {builder} {version} but {builder} here is {here}; plans load only with the "
-            f"version that built them: install {builder}=={version} or rebuild the engine"
-        )
-    return None
-
-
-# ---- load and run: trtmc.backends.tensorrt_engine ------------------------------------------------
-
-
-def load(files: dict[str, bytes], record: dict, graph=None, device: str = "cuda"):
-    from .tensorrt_engine import load_plan
-
+def load(files: Mapping[str, bytes], entry: EngineEntry, graph: Graph) -> Engine:
     if PLAN_FILE not in files:
         raise TensorRTLoadError(f"the TensorRT engine has no {PLAN_FILE}; its members are {sorted(files)}")
-    return load_plan(files[PLAN_FILE], record)
+    return TensorRTEngine(files[PLAN_FILE], entry, graph)

@@ -1,7 +1,8 @@
 """A loaded TensorRT plan: one execution context and fixed device buffers per batch size on a side
 stream, replayed through a CUDA graph where the runtime allows (full TensorRT: a torch CUDA graph of
 the enqueue; TensorRT-RTX: its own whole-graph capture). Not exercised in CI: no GPU here can run a
-plan."""
+plan; the contract test checks the class against the `Engine` protocol, and the boundary it shares
+with every engine (`engine_io`) is tested on the CPU."""
 
 from __future__ import annotations
 
@@ -10,12 +11,16 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from ..precision import PRECISIONS
-from .tensorrt import TensorRTLoadError, _dtype_name, _logger, unavailable_reason
+import torch
+
+from ..graph import DType, Graph
+from . import EngineEntry
+from .engine_io import EngineBase, PixelSpec, WarnOnce
+from .tensorrt_common import TensorRTLoadError, capturing_logger, dtype_name, plan_unavailable_reason
 from .tensorrt_lowering import INPUT_NAME, OUTPUT_NAME
+from .torch_lowering import TORCH_DTYPES
 
 _log = logging.getLogger(__name__)
-
 
 
 @dataclass
@@ -28,35 +33,38 @@ class _Slot:
     graph: Any = None
 
 
-class TensorRTEngine:
-    dynamic_batch = True  # the optimization profile serves every batch 1..max_batch
-    """A deserialized plan; `engine(pixels)` takes a CUDA (N, C, H, W) tensor and gives float32 logits."""
+class TensorRTEngine(EngineBase):
+    """A deserialized plan: CUDA (N, C, H, W) pixels in the plan's input dtype -> owned float32 logits.
 
-    device = "cuda"
+    The optimization profile serves every batch 1..max_batch; each batch size gets its context and
+    buffers on first use (or in `warm_up`)."""
 
-    def __init__(self, plan: bytes, record: dict) -> None:
-        import torch
-
-        reason = unavailable_reason(record)
+    def __init__(self, plan: bytes, entry: EngineEntry, graph: Graph) -> None:
+        reason = plan_unavailable_reason(entry.record)
         if reason:
             raise TensorRTLoadError(reason)
-        self._torch = torch
-        self._trt = module = importlib.import_module(record["builder"])
-        self._logger = _logger(module)
+        super().__init__(PixelSpec.of(graph, "cuda"), entry.batching)
+        builder = entry.record["builder"]
+        self._trt = module = importlib.import_module(builder)
+        self._logger = capturing_logger(module)
         mark = len(self._logger.errors)
         self._runtime = module.Runtime(self._logger)
         self._engine = self._runtime.deserialize_cuda_engine(plan)
         if self._engine is None:
             errors = self._logger.since(mark)
-            raise TensorRTLoadError("\n".join([f"{record['builder']} could not deserialize the plan", *errors]))
-        self.max_batch = int(record["options"]["max_batch"])
-        dtypes = {p.dtype.value: p.torch_dtype for p in PRECISIONS.values()}
-        self._input_dtype = dtypes[_dtype_name(self._engine.get_tensor_dtype(INPUT_NAME))]
-        self._output_dtype = dtypes[_dtype_name(self._engine.get_tensor_dtype(OUTPUT_NAME))]
-        self._chw = tuple(self._engine.get_tensor_shape(INPUT_NAME))[1:]
+            raise TensorRTLoadError("\n".join([f"{builder} could not deserialize the plan", *errors]))
+        plan_input = TORCH_DTYPES[DType(dtype_name(self._engine.get_tensor_dtype(INPUT_NAME)))]
+        plan_chw = tuple(self._engine.get_tensor_shape(INPUT_NAME))[1:]
+        if (plan_input, plan_chw) != (self._pixels.dtype, self._pixels.chw):
+            raise TensorRTLoadError(
+                f"the plan takes {plan_input} {plan_chw} but the bundle's graph takes "
+                f"{self._pixels.dtype} {self._pixels.chw}; rebuild the bundle"
+            )
+        self._output_dtype = TORCH_DTYPES[DType(dtype_name(self._engine.get_tensor_dtype(OUTPUT_NAME)))]
         self._device = torch.device("cuda", torch.cuda.current_device())
         self._stream = torch.cuda.Stream(self._device)
         self._slots: dict[int, _Slot] = {}
+        self._capture_failed = WarnOnce(_log)
         # TensorRT-RTX captures CUDA graphs itself (it JIT-compiles kernels per shape first).
         self._native_graphs = hasattr(module, "CudaGraphStrategy") and hasattr(self._engine, "create_runtime_config")
 
@@ -78,15 +86,14 @@ class TensorRTEngine:
             raise RuntimeError("\n".join(["TensorRT inference failed", *self._logger.since(mark)]))
 
     def _slot(self, batch: int) -> _Slot:
-        torch = self._torch
         mark = len(self._logger.errors)
         context = self._context()
         if context is None:
             errors = self._logger.since(mark)
             raise TensorRTLoadError("\n".join(["TensorRT could not create an execution context", *errors]))
-        x = torch.zeros((batch, *self._chw), dtype=self._input_dtype, device=self._device)
+        x = torch.zeros((batch, *self._pixels.chw), dtype=self._pixels.dtype, device=self._device)
         if not context.set_input_shape(INPUT_NAME, tuple(x.shape)):
-            raise ValueError(f"this plan does not take a batch of {batch} (its profile is 1..{self.max_batch})")
+            raise ValueError(f"this plan does not take a batch of {batch} (it serves {self._batching})")
         y = torch.empty(tuple(context.get_tensor_shape(OUTPUT_NAME)), dtype=self._output_dtype, device=self._device)
         context.set_tensor_address(INPUT_NAME, x.data_ptr())
         context.set_tensor_address(OUTPUT_NAME, y.data_ptr())
@@ -99,7 +106,6 @@ class TensorRTEngine:
         return slot
 
     def _capture(self, context):
-        torch = self._torch
         if hasattr(context, "is_stream_capturable") and not context.is_stream_capturable(self._stream.cuda_stream):
             return None
         try:
@@ -107,12 +113,11 @@ class TensorRTEngine:
             with torch.cuda.graph(graph, stream=self._stream):
                 self._execute(context)
             return graph
-        except Exception as exc:  # some plans cannot be captured: run them uncaptured
-            _log.info("CUDA graph capture of the TensorRT engine failed (%s); executing directly", exc)
+        except Exception as exc:  # some plans cannot be captured: run them uncaptured, slower
+            self._capture_failed("CUDA graph capture of the TensorRT engine failed (%s); executing it uncaptured", exc)
             return None
 
-    def _run(self, pixels):
-        torch = self._torch
+    def _forward(self, pixels: torch.Tensor) -> torch.Tensor:
         batch = pixels.shape[0]
         if batch not in self._slots:
             self._slots[batch] = self._slot(batch)
@@ -125,20 +130,7 @@ class TensorRTEngine:
                 slot.graph.replay()
             else:
                 self._execute(slot.context)
-            logits = slot.output.float() if slot.output.dtype != torch.float32 else slot.output.clone()
         current.wait_stream(self._stream)
-        logits.record_stream(current)
-        return logits
-
-    def __call__(self, pixels):
-        if pixels.ndim != 4 or tuple(pixels.shape[1:]) != self._chw or pixels.shape[0] == 0:
-            chw = ", ".join(map(str, self._chw))
-            raise ValueError(f"expected pixels of shape (N, {chw}), got {tuple(pixels.shape)}")
-        pixels = pixels.to(self._device)
-        chunks = [self._run(chunk) for chunk in pixels.split(self.max_batch)]
-        return chunks[0] if len(chunks) == 1 else self._torch.cat(chunks)
-
-
-
-def load_plan(plan: bytes, record: dict) -> "TensorRTEngine":
-    return TensorRTEngine(plan, record)
+        # EngineBase copies the slot's buffer on the current stream; the next call's side stream
+        # waits for that copy before it writes the buffer again.
+        return slot.output

@@ -8,13 +8,12 @@ precision pass has already put a CAST wherever dtypes change. Layers are named `
 checkpoint.
 
 `trt` is the `tensorrt` module when it imports, else `tensorrt_rtx` (same API family; see the notes
-where they differ), else None: the table still imports, so the parity test and
-`unavailable_reason` work on machines without either.
+where they differ), else None (`tensorrt_common` chooses): the table still imports, so the parity
+test and `unavailable_reason` work on machines without either.
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -22,17 +21,7 @@ import numpy as np
 
 from ..graph import Activation, Binary, DType, Graph, Node, OpKind, PoolMode, Reduction
 from ..precision import precision_of
-
-for _name in ("tensorrt", "tensorrt_rtx"):
-    try:
-        trt: Any = importlib.import_module(_name)
-        TRT_MODULE: str | None = _name
-        break
-    except (ImportError, OSError):  # OSError: the wheel is there but its libraries are not
-        continue
-else:
-    trt = None
-    TRT_MODULE = None
+from .tensorrt_common import trt
 
 INPUT_NAME = "pixels"
 OUTPUT_NAME = "logits"
