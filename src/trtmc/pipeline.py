@@ -122,15 +122,12 @@ def _prepare(runtime: Runtime, path: Path) -> torch.Tensor:
 
 
 def _batch_size(runtime: Runtime, options: PipelineOptions) -> int:
-    size = options.batch_size or runtime.max_batch
-    if size > runtime.max_batch:
+    size = options.batch_size or runtime.batching.max_batch
+    if size > runtime.batching.max_batch:
         raise ValueError(
-            f"--batch-size {size} is larger than this bundle's engine serves ({runtime.max_batch}); rebuild with "
+            f"--batch-size {size} is larger than this bundle's engine serves ({runtime.batching}); rebuild with "
             f"`trtmc build ... --max-batch {size}` or pass a smaller --batch-size"
         )
-    if not runtime.dynamic_batch and size not in runtime.batch_sizes:
-        sizes = ", ".join(map(str, runtime.batch_sizes))
-        raise ValueError(f"--batch-size {size}: this bundle's engine was compiled for batch sizes {sizes}; pick one")
     return size
 
 
@@ -157,12 +154,14 @@ class _Runner:
         from .backends.torch_lowering import TORCH_DTYPES
 
         self.runtime = runtime
-        self.size = size
+        self.size = size  # files per batch
+        self.run_size = runtime.batching.run_size(size)  # rows the engine runs: padded up to a size it serves
         self.cuda = runtime.device == "cuda"
         self.dtype = TORCH_DTYPES[runtime.graph.inputs[0].type.dtype]
         self.copy_stream = torch.cuda.Stream() if self.cuda else None
         c, h, w = runtime.graph.inputs[0].type.shape[1:]
-        self.buffers = [torch.empty((size, c, h, w), dtype=torch.float32, pin_memory=self.cuda) for _ in range(2)]
+        shape = (self.run_size, c, h, w)
+        self.buffers = [torch.zeros(shape, dtype=torch.float32, pin_memory=self.cuda) for _ in range(2)]
         self.turn = 0
 
     def new_batch(self) -> _Batch:
@@ -172,10 +171,9 @@ class _Runner:
     def launch(self, batch: _Batch) -> None:
         if batch.rows == 0:
             return  # only errors: nothing to run
-        # Fixed-size engines get the whole buffer (zero rows pad the last batch); dynamic ones the rows used.
-        pixels = batch.pixels[: batch.rows] if self.runtime.dynamic_batch else batch.pixels
-        if batch.rows < self.size:
-            batch.pixels[batch.rows :].zero_()
+        rows = self.runtime.batching.run_size(batch.rows)
+        batch.pixels[batch.rows : rows].zero_()  # padding rows; their logits are dropped
+        pixels = batch.pixels[:rows]
         if not self.cuda:
             batch.logits = self.runtime.engine(pixels.to(self.dtype))
             return

@@ -1,0 +1,101 @@
+"""The streaming pipeline over image collections: input order, the task's own logits for every file, error
+records that do not stop the run, bounded read-ahead, and how folders, lists and globs expand."""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+
+import numpy as np
+import pytest
+
+from conftest import LITE0_IN_REPO
+from support import IMAGES
+from trtmc.build import BuildRequest, build_bundle
+from trtmc.pipeline import NoImages, PipelineOptions, classify_files, expand_images
+from trtmc.runtime import Runtime
+from trtmc.tasks import image_to_class_scores
+
+PHOTOS = sorted(p for p in IMAGES.iterdir() if p.suffix in (".jpg", ".png"))
+
+
+@pytest.fixture(scope="module")
+def runtime(tmp_path_factory):
+    """The real lite0 checkpoint as a reference-engine bundle serving batches of up to 4 (nothing to compile)."""
+    path = tmp_path_factory.mktemp("pipeline") / "lite0-reference.bundle"
+    build_bundle(BuildRequest(model=str(LITE0_IN_REPO), output=path, backends=("reference",), max_batch=4),
+                 progress=lambda message: None)
+    return Runtime.open(path)
+
+
+def test_every_file_gets_the_logits_the_task_gives_it_alone_in_input_order(runtime, tmp_path):
+    broken = tmp_path / "broken.jpg"
+    broken.write_bytes(b"not a jpeg")
+    paths = [*PHOTOS[:9], broken, *PHOTOS[9:], tmp_path / "missing.png"]
+    results = list(classify_files(runtime, paths, PipelineOptions(batch_size=4, workers=2)))
+    assert [r.image for r in results] == [str(p) for p in paths]
+    for path, result in zip(paths, results):
+        if path in (broken, tmp_path / "missing.png"):
+            assert not result.ok and result.logits is None and path.name in result.error
+            continue
+        alone = image_to_class_scores(runtime, [str(path)]).logits[0]
+        # Same pixels, same engine; a batch of 4 sums in another order than a batch of 1, which moves
+        # float32 logits by an ulp or two (measured: 2.0e-6 on logits near 10, 2e-7 of the largest).
+        assert result.ok and np.abs(result.logits - alone).max() <= 1e-6 * np.abs(alone).max(), path.name
+
+
+def test_a_batch_holding_only_unreadable_files_still_reports_each(runtime, tmp_path):
+    bad = [tmp_path / f"bad{i}.png" for i in range(5)]
+    for path in bad:
+        path.write_text("text")
+    results = list(classify_files(runtime, [*bad, PHOTOS[0]], PipelineOptions(batch_size=4, workers=1)))
+    assert [r.ok for r in results] == [False] * 5 + [True]
+
+
+def test_the_pipeline_reads_ahead_a_bounded_number_of_files(runtime):
+    drawn = 0
+
+    def endless_photos():
+        nonlocal drawn
+        for path in itertools.cycle(PHOTOS):
+            drawn += 1
+            yield path
+
+    options = PipelineOptions(batch_size=2, workers=2, prefetch_batches=2)
+    window = 2 * (options.prefetch_batches + 1)
+    for count, _ in enumerate(itertools.islice(classify_files(runtime, endless_photos(), options), 40), 1):
+        # Files taken from the source but not yet yielded: at most the read-ahead window plus two batches
+        # (one filling, one in flight), however many files have gone through.
+        assert drawn - count <= window + 2 * options.batch_size, (count, drawn)
+
+
+def test_a_batch_size_beyond_the_engine_is_refused_with_the_fix(runtime):
+    with pytest.raises(ValueError, match="--batch-size 5 is larger than this bundle's engine serves.*--max-batch 5"):
+        next(classify_files(runtime, PHOTOS, PipelineOptions(batch_size=5)))
+
+
+def test_folders_lists_and_globs_expand_in_the_order_given(tmp_path):
+    folder = tmp_path / "photos"
+    (folder / "nested").mkdir(parents=True)
+    shutil.copy(PHOTOS[0], folder / "b.jpg")
+    shutil.copy(PHOTOS[1], folder / "nested" / "a.JPG")
+    (folder / "notes.txt").write_text("not an image")
+    listing = tmp_path / "list.txt"
+    listing.write_text(f"photos/b.jpg\n\n{PHOTOS[2]}\n")
+    found = expand_images([str(PHOTOS[3]), str(folder), f"@{listing}", str(tmp_path / "photos" / "*.jpg")])
+    assert found == [PHOTOS[3], folder / "b.jpg", folder / "nested" / "a.JPG", tmp_path / "photos/b.jpg", PHOTOS[2],
+                     folder / "b.jpg"]
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda tmp: tmp / "missing.jpg", "missing.jpg: no such file or folder"),
+        (lambda tmp: (tmp / "empty").mkdir() or tmp / "empty", "empty: the folder holds no images"),
+        (lambda tmp: str(tmp / "*.png"), r"\*.png: the pattern matches no file"),
+        (lambda tmp: f"@{tmp / 'nolist.txt'}", "nolist.txt: no such list file"),
+    ],
+)
+def test_an_argument_that_names_no_image_is_refused_before_anything_runs(tmp_path, make, message):
+    with pytest.raises(NoImages, match=message):
+        expand_images([make(tmp_path)])
