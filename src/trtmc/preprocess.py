@@ -2,8 +2,11 @@
 
 Shorter side to floor(size / crop_pct) with the checkpoint's interpolation, center crop to the
 input size, then (x - mean) / std. `squash` resizes both sides to floor(size / crop_pct) instead
-of keeping the aspect ratio. Image files go through PIL exactly as timm's transform does; float
-arrays go through torch's antialiased resize, which matches PIL to within interpolation rounding.
+of keeping the aspect ratio. Image files go through PIL exactly as timm's transform does (torchvision's
+resize and center crop on a PIL image, reproduced here operation for operation); float arrays go
+through torch's antialiased resize, as torchvision resizes a float tensor, which matches PIL to
+within interpolation rounding. torchvision itself is not imported: it costs seconds of start-up
+and the runtime needs none of it.
 """
 
 from __future__ import annotations
@@ -13,16 +16,11 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
-from torchvision.transforms import InterpolationMode
-from torchvision.transforms import functional as TF
+import torch.nn.functional as F
 
 from .checkpoint import PretrainedConfig
 
-_INTERPOLATION = {
-    "bilinear": InterpolationMode.BILINEAR,
-    "bicubic": InterpolationMode.BICUBIC,
-    "nearest": InterpolationMode.NEAREST,
-}
+INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
 
 
 @dataclass(frozen=True)
@@ -54,15 +52,34 @@ class PreprocessSpec:
 
     # ---- the transform ----
 
-    def _resize_size(self) -> list[int]:
+    def resized_size(self, height: int, width: int) -> tuple[int, int]:
+        """(height, width) after the resize step, as torchvision computes it for timm's transform."""
         scale = [math.floor(s / self.crop_pct) for s in self.input_size]
         if self.crop_mode == "squash":
-            return scale
-        if scale[0] == scale[1]:
-            return [scale[0]]  # shorter side, aspect ratio kept
-        raise ValueError(
-            f"non-square input {self.input_size} with crop_mode 'center' is not supported; use crop_mode 'squash'"
-        )
+            return scale[0], scale[1]
+        if scale[0] != scale[1]:
+            raise ValueError(
+                f"non-square input {self.input_size} with crop_mode 'center' is not supported; use crop_mode 'squash'"
+            )
+        # The shorter side becomes `scale`; the longer one keeps the aspect ratio, truncated.
+        short, long = (width, height) if width <= height else (height, width)
+        new_long = int(scale[0] * long / short)
+        return (new_long, scale[0]) if width <= height else (scale[0], new_long)
+
+    def _crop(self, hwc: np.ndarray | torch.Tensor, height: int, width: int):
+        """torchvision's center crop: zero-pad a side smaller than the crop, then cut the middle."""
+        crop_h, crop_w = self.input_size
+        pad_h, pad_w = max(crop_h - height, 0), max(crop_w - width, 0)
+        if pad_h or pad_w:
+            top, left = pad_h // 2, pad_w // 2
+            if isinstance(hwc, np.ndarray):
+                hwc = np.pad(hwc, ((top, pad_h - top), (left, pad_w - left), (0, 0)))
+            else:
+                hwc = F.pad(hwc, (0, 0, left, pad_w - left, top, pad_h - top))
+            height, width = height + pad_h, width + pad_w
+        top = int(round((height - crop_h) / 2.0))
+        left = int(round((width - crop_w) / 2.0))
+        return hwc[top : top + crop_h, left : left + crop_w]
 
     def _normalize(self, hwc: np.ndarray) -> torch.Tensor:
         """Float32 HWC in [0, 1] -> (x - mean) / std as CHW, in numpy: small tensors are slow in torch."""
@@ -72,16 +89,25 @@ class PreprocessSpec:
 
     def from_pil(self, image) -> torch.Tensor:
         """A PIL image (any mode) -> normalized float32 CHW, exactly as timm's eval transform."""
+        from PIL import Image
+
+        filters = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC, "nearest": Image.NEAREST}
         image = image.convert("RGB")
-        image = TF.resize(image, self._resize_size(), interpolation=_INTERPOLATION[self.interpolation])
-        image = TF.center_crop(image, list(self.input_size))
-        return self._normalize(np.asarray(image, dtype=np.float32) / np.float32(255.0))
+        height, width = self.resized_size(image.height, image.width)
+        if (height, width) != (image.height, image.width):  # torchvision leaves an image of the right size alone
+            image = image.resize((width, height), filters[self.interpolation])
+        pixels = self._crop(np.asarray(image), height, width)
+        return self._normalize(pixels.astype(np.float32) / np.float32(255.0))
 
     def from_array(self, hwc: np.ndarray) -> torch.Tensor:
         """A float32 HWC RGB array in [0, 1] -> normalized float32 CHW."""
+        height, width = self.resized_size(hwc.shape[0], hwc.shape[1])
         chw = torch.from_numpy(np.ascontiguousarray(hwc)).permute(2, 0, 1)
-        chw = TF.resize(
-            chw, self._resize_size(), interpolation=_INTERPOLATION[self.interpolation], antialias=True
-        ).clamp_(0.0, 1.0)
-        chw = TF.center_crop(chw, list(self.input_size))
-        return self._normalize(chw.permute(1, 2, 0).numpy())
+        if (height, width) != tuple(hwc.shape[:2]):
+            smooth = self.interpolation != "nearest"
+            chw = F.interpolate(
+                chw[None], size=(height, width), mode=self.interpolation,
+                align_corners=False if smooth else None, antialias=smooth,
+            )[0]
+        chw = chw.clamp(0.0, 1.0)
+        return self._normalize(self._crop(chw.permute(1, 2, 0), height, width).numpy())
