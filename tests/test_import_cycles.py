@@ -101,7 +101,9 @@ def test_the_import_walk_counts_deferred_imports_and_skips_type_checking_ones(tm
 def test_the_import_walk_sees_the_clis_imports():
     modules = all_modules()
     cli = imports_of("trtmc.cli", modules["trtmc.cli"], modules)
-    assert {"trtmc.progress", "trtmc.runtime", "trtmc.bench.cli", "trtmc.backends"} <= cli
+    assert {"trtmc.bench.cli", "trtmc.cli.build", "trtmc.cli.classify", "trtmc.cli.inspect"} <= cli
+    classify = imports_of("trtmc.cli.classify", modules["trtmc.cli.classify"], modules)
+    assert {"trtmc.progress", "trtmc.runtime", "trtmc.pipeline", "trtmc.backends"} <= classify
 
 
 def test_cycle_finder_reports_a_two_module_cycle_and_ignores_a_diamond():

@@ -7,10 +7,11 @@ file (a TensorRT timing cache) take turns and none loses another's update.
 from __future__ import annotations
 
 import fcntl
+import io
 import os
 import tempfile
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO, Callable, TextIO
 
 
 def write_atomically(path: Path, write: Callable[[BinaryIO], None]) -> Path:
@@ -53,3 +54,15 @@ def update_file_atomically(path: Path, update: Callable[[bytes | None], bytes]) 
             write_bytes_atomically(path, update(path.read_bytes() if path.exists() else None))
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def write_text_atomically(path: Path, write: Callable[[TextIO], None]) -> Path:
+    """`write_atomically` for text: `write(out)` gets a UTF-8 text stream (newlines written as given)."""
+
+    def binary(f: BinaryIO) -> None:
+        out = io.TextIOWrapper(f, encoding="utf-8", newline="")
+        write(out)
+        out.flush()
+        out.detach()  # the binary file stays open for write_atomically to sync and rename
+
+    return write_atomically(path, binary)

@@ -1,0 +1,89 @@
+"""`trtmc inspect` (what a bundle holds) and `trtmc families` (what can be built)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def add(sub) -> None:
+    p = sub.add_parser(
+        "inspect",
+        help="show a bundle's manifest, preprocessing, graph and engines",
+        description="Verify a bundle and summarise it: manifest, preprocessing contract, op counts by kind and precision, engines.",
+    )
+    p.add_argument("bundle", type=Path)
+    p.add_argument("--graph", action="store_true", help="also print the whole graph, one op per line")
+    p.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from ..bundle import read_bundle
+
+    bundle = read_bundle(args.bundle)
+    m = bundle.manifest
+    if args.json:
+        print(json.dumps(m, indent=1, sort_keys=True))
+        return 0
+    src = m["source"]
+    print(f"bundle      {bundle.path} (format {m['format_version']}, trtmc {m['tool_version']})")
+    print(f"digest      {bundle.digest}  (sha256 of manifest.json; pin it with `trtmc classify --expect-sha256`)")
+    print(f"model       {m['architecture']} (family {m['family']}), task {m['task']}, {m['num_classes']} classes")
+    print(f"source      {src['id']} @ {src['revision']}  sha256 {src['sha256'][:16]}…")
+    print(f"precision   {m['precision']} (io {m['io_dtype']})" + (f", fp32 layers {m['fp32_layers']}" if m.get("fp32_layers") else ""))
+    pre = bundle.preprocess
+    print(f"preprocess  resize {pre.interpolation} crop_pct {pre.crop_pct} ({pre.crop_mode}) to {pre.input_size[0]}x{pre.input_size[1]}, "
+          f"mean {list(pre.mean)} std {list(pre.std)}")
+    labels = bundle.labels
+    print(f"labels      {len(labels['names'])} names, {len(labels['descriptions'])} descriptions")
+    print(f"graph       {m['graph']['ops']} ops")
+    by_kind: dict[str, dict[str, int]] = {}
+    for key, count in m["graph"]["op_counts"].items():
+        kind, dtype = key.split(":")
+        by_kind.setdefault(kind, {})[dtype] = count
+    for kind, dtypes in sorted(by_kind.items()):
+        print(_counts_line("  ", kind, 14, dtypes))
+    print(f"engines     {len(bundle.engines) or 'none'}")
+    for e in bundle.engines:
+        r = e.record
+        size = sum(len(data) for data in bundle.engine_files(e.key).values())
+        line = f"  {e.key:28s} {r.get('builder', e.backend)} {r.get('builder_version', '')}  {size / 1e6:.1f} MB  {e.batching}"
+        if "network_layers" in r:
+            line += f"  {r['network_layers']} layers"
+        if "engine_layers" in r:
+            line += f" ({r['engine_layers']} in the engine)"
+        if "build_seconds" in r:
+            line += f"  built in {r['build_seconds']} s"
+        print(line)
+        for kind, dtypes in sorted(r.get("layer_precisions", {}).items()):
+            print(_counts_line("      ", kind, 18, dtypes))
+    if args.graph:
+        print(bundle.graph())
+    return 0
+
+
+def _counts_line(indent: str, kind: str, width: int, dtypes: dict[str, int]) -> str:
+    """`  conv2d         f16 49  f32 1`: how many ops (or layers) of a kind run in each precision."""
+    return f"{indent}{kind:{width}s} " + "  ".join(f"{d} {n}" for d, n in sorted(dtypes.items()))
+
+
+def add_families(sub) -> None:
+    p = sub.add_parser("families", help="list the supported architectures",
+                       description="List every supported timm architecture with its family and precisions.")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=_cmd_families)
+
+
+def _cmd_families(args) -> int:
+    from ..families import all_families
+
+    rows = [(f.name, arch, f.precisions, f.summary) for f in all_families() for arch in f.architectures]
+    if args.json:
+        print(json.dumps([{"family": f, "architecture": a, "precisions": list(p)} for f, a, p, _ in rows], indent=1))
+        return 0
+    for family in all_families():
+        print(f"{family.name}: {family.summary}")
+        print(f"  precisions: {', '.join(family.precisions)}")
+        print("  " + ", ".join(family.architectures))
+    return 0
