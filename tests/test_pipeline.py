@@ -99,3 +99,17 @@ def test_folders_lists_and_globs_expand_in_the_order_given(tmp_path):
 def test_an_argument_that_names_no_image_is_refused_before_anything_runs(tmp_path, make, message):
     with pytest.raises(NoImages, match=message):
         expand_images([make(tmp_path)])
+
+
+def test_fewer_files_than_the_largest_batch_run_at_the_smallest_size_that_holds_them():
+    from types import SimpleNamespace
+
+    from trtmc.backends import Batching
+    from trtmc.pipeline import _batch_size
+
+    cuda_like = SimpleNamespace(batching=Batching.fixed((1, 8, 64)))
+    assert _batch_size(cuda_like, PipelineOptions(), 1) == 1  # one photo: the batch-1 graph only
+    assert _batch_size(cuda_like, PipelineOptions(), 5) == 8
+    assert _batch_size(cuda_like, PipelineOptions(), 500) == 64
+    assert _batch_size(cuda_like, PipelineOptions(), None) == 64  # a stream of unknown length
+    assert _batch_size(cuda_like, PipelineOptions(batch_size=64), 1) == 64  # asked for: kept

@@ -121,8 +121,13 @@ def _prepare(runtime: Runtime, path: Path) -> torch.Tensor:
     return runtime.preprocess.from_pil(load_image(path))
 
 
-def _batch_size(runtime: Runtime, options: PipelineOptions) -> int:
+def _batch_size(runtime: Runtime, options: PipelineOptions, count: int | None) -> int:
+    """The files per batch: as asked, else the engine's largest batch, or, for fewer files than that
+    (a known `count`), the smallest size the engine serves that holds them all: classifying one photo
+    then compiles and captures the batch-1 graph only, not the largest one."""
     size = options.batch_size or runtime.batching.max_batch
+    if options.batch_size is None and count is not None and 0 < count < size:
+        size = runtime.batching.run_size(count)
     if size > runtime.batching.max_batch:
         raise ValueError(
             f"--batch-size {size} is larger than this bundle's engine serves ({runtime.batching}); rebuild with "
@@ -199,7 +204,7 @@ def classify_files(
 ) -> Iterator[FileResult]:
     """One `FileResult` per path, in the order given, streamed (see the module docstring)."""
     options.validate()
-    size = _batch_size(runtime, options)
+    size = _batch_size(runtime, options, len(paths) if isinstance(paths, Sequence) else None)
     runner = _Runner(runtime, size)
     workers = options.workers or os.cpu_count() or 1
     window = size * (options.prefetch_batches + 1)  # files decoded ahead: what bounds memory
