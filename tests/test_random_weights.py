@@ -25,14 +25,6 @@ from trtmc.random_weights import (
 SMALL = {"pretrained_cfg_overlay": {"input_size": (3, 64, 64)}}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def save(tmp_path, name="x", weights=RandomWeights(), arch="regnetx_002"):
     return save_random_checkpoint(arch, tmp_path / name, weights, **SMALL)
 

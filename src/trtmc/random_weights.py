@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-INSTALL_TIMM = "pip install 'trtmc[bench]'"
+INSTALL = "pip install 'trtmc[bench]'"  # timm and matplotlib, for the bench and these helpers
 # Noise images the calibrated statistics are measured on, in one training-mode batch.
 CALIBRATION_IMAGES = 4
 # The calibration noise is drawn with seed + this, apart from the weights' own draws.
@@ -58,7 +58,7 @@ def require_timm():
         import timm
     except ImportError as exc:
         raise RuntimeError(
-            f"timm is not installed; trtmc needs it for random weights, baselines and the oracle: {INSTALL_TIMM}"
+            f"timm is not installed; trtmc needs it for random weights, baselines and the oracle: {INSTALL}"
         ) from exc
     return timm
 
