@@ -216,6 +216,14 @@ def test_a_row_that_raises_is_dropped_and_the_others_are_timed():
     assert set(outcome.timings) == {"ok"}
 
 
+def test_garbage_collection_is_paused_during_the_rounds_only():
+    import gc
+
+    seen = []
+    time_interleaved({"row": TimedCall(lambda: seen.append(gc.isenabled()), Scripted(1.0))}, QUICK)
+    assert seen == [False] * (1 + 3) and gc.isenabled()
+
+
 def test_spread_is_the_largest_distance_from_the_median_as_a_fraction_of_it():
     assert spread([1.0] * 9 + [1.05]) == pytest.approx(0.05)
     assert Timing((1.0,) * 9 + (1.05,), 1, margin=0.05, clock="c").stable

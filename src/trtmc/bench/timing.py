@@ -14,6 +14,7 @@ help and the report print, so the text cannot drift from the numbers that ran.
 
 from __future__ import annotations
 
+import gc
 import math
 import statistics
 import time
@@ -159,8 +160,20 @@ def time_interleaved(rows: Mapping[K, TimedCall], protocol: TimingProtocol) -> O
     their measured rounds once more (interleaved among themselves), and keep that second attempt.
 
     A row whose call raises is dropped from the rounds that follow, with its error recorded; the
-    other rows go on.
+    other rows go on. Python's garbage collector is paused for the rounds (after one collection), as
+    timeit does: a collection would otherwise land in one row's round, at random.
     """
+    gc.collect()
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        return _rounds(rows, protocol)
+    finally:
+        if paused:
+            gc.enable()
+
+
+def _rounds(rows: Mapping[K, TimedCall], protocol: TimingProtocol) -> Outcome:
     errors: dict[K, str] = {}
     calls = {key: 1 for key in rows}
 
@@ -207,7 +220,8 @@ def describe(protocol: TimingProtocol) -> str:
         f"in rounds of back-to-back calls: {protocol.warmups} warm-up rounds set the calls per round so that "
         f"a round lasts at least {protocol.round_ms:g} ms, then {protocol.iters} measured rounds give one sample "
         f"each (the round's time divided by its calls); the median sample is the result. The rows of an entry "
-        f"are interleaved round by round, so drift hits all of them alike. A row whose samples stray further "
+        f"are interleaved round by round, so drift hits all of them alike; Python's garbage collector is paused "
+        f"meanwhile. A row whose samples stray further "
         f"than {protocol.margin:.0%} from their median is measured once more, then shown as unstable instead "
         f"of as a result. A speed ratio within 1 ± {protocol.margin:g} counts as on par."
     )
