@@ -1,4 +1,5 @@
-"""What `trtmc bench` runs: the timing protocol, the baselines, and one frozen `Entry` per model, read from YAML.
+"""What `trtmc bench` runs: the timing protocol, the baselines, the run's options, and one frozen
+`Entry` per model, read from YAML.
 
 The file has three top-level keys; `defaults` fills every field an entry leaves out, and relative
 paths (`model:` folders, `photos:`) are resolved against the YAML file's own folder:
