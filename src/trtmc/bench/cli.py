@@ -114,9 +114,10 @@ def add_bench(sub) -> None:
                      help='also time torch.compile(mode="max-autotune") (its compile takes minutes)')
     how.add_argument("--no-baselines", action="store_true", help="time trtmc only")
     how.add_argument("--prepare-jobs", type=int, default=0, metavar="N",
-                     help="first run N entries at a time through their CPU-bound part (random weights, trtmc "
-                          "build, cold torch.compile of the baselines, filling Inductor's disk caches), then "
-                          "time every entry one after another; build times are then measured under that load")
+                     help="first run N entries at a time, each in a process of its own, through their CPU-bound "
+                          "part (random weights, trtmc build, cold torch.compile of the baselines, filling "
+                          "Inductor's disk caches), then time every entry one after another; build times are "
+                          "then measured under that load")
     how.add_argument("--prepare-only", action="store_true",
                      help="only run the CPU-bound part of each entry (with --prepare-jobs N: N at a time), then exit")
     how.add_argument("--reuse-prepared", action="store_true",
