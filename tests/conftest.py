@@ -2,19 +2,22 @@ from __future__ import annotations
 
 import pytest
 
-from support import save_timm_checkpoint
+from trtmc.random_weights import BatchNormStatistics, RandomWeights, save_random_checkpoint
 
 
 @pytest.fixture(scope="session")
 def timm_checkpoint(tmp_path_factory):
-    """`timm_checkpoint("ghostnet_100")` -> folder with random weights in the HF layout (cached per session)."""
+    """`timm_checkpoint("ghostnet_100")` -> folder with random weights (batch-norm statistics calibrated on
+    noise) in the HF layout, cached per session. Keywords: `seed`, `statistics` (a BatchNormStatistics),
+    and anything else for `timm.create_model`."""
     cache: dict[tuple, object] = {}
 
-    def make(arch: str, **kwargs):
-        key = (arch, tuple(sorted(kwargs.items())))
+    def make(arch: str, *, seed: int = 0, statistics=BatchNormStatistics.CALIBRATED, **timm_kwargs):
+        weights = RandomWeights(seed, statistics)
+        key = (arch, weights, repr(sorted(timm_kwargs.items())))
         if key not in cache:
             folder = tmp_path_factory.mktemp(arch.replace("/", "_"))
-            cache[key] = save_timm_checkpoint(arch, folder, **kwargs)
+            cache[key] = save_random_checkpoint(arch, folder, weights, **timm_kwargs)
         return cache[key]
 
     return make

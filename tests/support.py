@@ -1,8 +1,7 @@
-"""Test helpers: timm checkpoints with random weights in the Hugging Face layout, and parity runs.
+"""Test helpers: parity runs against timm, and checkpoints rewritten for refusal tests.
 
-Random weights are made less forgiving than timm's init: batch-norm statistics and affine
-parameters are drawn at random (small variances, so an eps mistake shows), so a missed norm, a
-wrong eps or a mis-ordered op changes the logits.
+The random-weight checkpoints the tests compare with timm come from `trtmc.random_weights` (the
+`timm_checkpoint` fixture), as they do for the bench and the tools.
 """
 
 from __future__ import annotations
@@ -14,90 +13,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from trtmc.random_weights import calibrate_on_photos
+from trtmc.random_weights import load_timm_model as load_timm  # the parity reference: timm holding the weights
+
 # Everything the tests read lives in the repository (examples/images/SOURCE.md says where it came from).
 REPO = Path(__file__).resolve().parents[1]
 IMAGES = REPO / "examples" / "images"
 LITE0 = REPO / "examples" / "checkpoints" / "tf_efficientnet_lite0.in1k"
 REFERENCE = IMAGES / "reference_tf_efficientnet_lite0.json"
-
-
-def randomize_(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
-                n = module.num_features
-                module.running_mean.copy_(torch.randn(n, generator=gen) * 0.1)
-                module.running_var.copy_(torch.rand(n, generator=gen) * 0.5 + 0.02)
-                module.weight.copy_(torch.rand(n, generator=gen) * 0.5 + 0.75)
-                module.bias.copy_(torch.randn(n, generator=gen) * 0.1)
-            elif isinstance(module, torch.nn.LayerNorm) or type(module).__name__.startswith("LayerNorm"):
-                if getattr(module, "weight", None) is not None:
-                    module.weight.copy_(torch.rand(module.weight.shape, generator=gen) * 0.5 + 0.75)
-                    module.bias.copy_(torch.randn(module.bias.shape, generator=gen) * 0.1)
-        for name, p in model.named_parameters():
-            if name.endswith("gamma") or ".ls" in name or "layer_scale" in name:
-                p.copy_(torch.rand(p.shape, generator=gen) * 0.5 + 0.5)
-    return model.eval()
-
-
-def calibrate_(model: torch.nn.Module, seed: int = 3) -> torch.nn.Module:
-    """Running statistics from one random batch (affine parameters stay random).
-
-    Statistics drawn at random leave deep nets far outside their working range (fp16 overflows and
-    ReLU6 stacks turn chaotic); measured ones keep the net well conditioned, while a wrong eps or
-    padding still moves the logits.
-    """
-    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
-    if not norms:
-        return model
-    for norm in norms:
-        norm.reset_running_stats()
-        norm.momentum = None  # cumulative average: after one batch, exactly that batch's statistics
-    c, h, w = model.pretrained_cfg.get("input_size", (3, 224, 224))
-    model.train()
-    with torch.no_grad():
-        model(torch.randn(4, c, h, w, generator=torch.Generator().manual_seed(seed)))
-    return model.eval()
-
-
-def save_timm_checkpoint(
-    arch: str, folder: Path, *, seed: int = 0, labels: bool = False, calibrate: bool = True, **kwargs
-) -> Path:
-    """Create `arch` with timm, randomize it and save config.json + model.safetensors in `folder`."""
-    import timm
-    from safetensors.torch import save_file
-
-    torch.manual_seed(seed)
-    model = randomize_(timm.create_model(arch, pretrained=False, **kwargs), seed)
-    if calibrate:
-        calibrate_(model)
-    folder.mkdir(parents=True, exist_ok=True)
-    state = {k: v.contiguous() for k, v in model.state_dict().items() if not k.endswith("num_batches_tracked")}
-    save_file(state, str(folder / "model.safetensors"))
-    cfg = dict(model.pretrained_cfg)
-    config = {
-        "architecture": arch,
-        "num_classes": model.num_classes,
-        "num_features": getattr(model, "num_features", None),
-        "pretrained_cfg": {k: v for k, v in cfg.items() if isinstance(v, (int, float, str, list, tuple, bool, type(None)))},
-    }
-    if labels:
-        config["label_names"] = [f"class_{i}" for i in range(model.num_classes)]
-        config["label_descriptions"] = {f"class_{i}": f"description {i}" for i in range(model.num_classes)}
-    (folder / "config.json").write_text(json.dumps(config, indent=1))
-    return folder
-
-
-def load_timm(folder: Path) -> torch.nn.Module:
-    """The timm model for a checkpoint folder, with its weights (the parity reference)."""
-    import timm
-    from safetensors.torch import load_file
-
-    config = json.loads((folder / "config.json").read_text())
-    model = timm.create_model(config["architecture"], pretrained=False, num_classes=config["num_classes"])
-    model.load_state_dict(load_file(str(folder / "model.safetensors")))
-    return model.eval()
 
 
 def trtmc_module(folder: Path, precision: str = "fp32") -> torch.nn.Module:
@@ -227,47 +150,10 @@ def assert_keeps_top1(report: dict, max_kl: dict[str, float], *, near_ties: int 
 
 
 def save_photo_calibrated_checkpoint(folder: Path, dest: Path) -> Path:
-    """A copy of checkpoint `folder` that behaves on the repository's photos as a trained model would.
-
-    Random weights make poor references for fp16/bf16 checks. Activations grow block after block
-    (GhostNet's reach 1e6, past fp16's largest value 65504), and the logits of 1000 random classes
-    are near-ties, so a bf16 rounding flips top-1 on a few photos however exact the graph is. Two
-    changes, the rest of the weights untouched: the batch-norm statistics are measured on the
-    photos, so every norm normalizes as after training; and the classifier rows of the first
-    classes are imprinted with the photos' centred pooled features (photo i -> class i), so each
-    photo has a clear winner, as with a trained model.
-
-    Measured statistics alone bring the logits back to a trained model's range but leave the
-    near-ties, and a test on them has to excuse a flip or two. With the imprinted classifier a test
-    can ask for what a trained model gives: timm's top-1 on every photo, in fp16 and in bf16.
-    """
-    from safetensors.torch import save_file
-
-    model = load_timm(folder)
-    photos = photos_for(folder)
-    for norm in (m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)):
-        norm.train()
-        norm.momentum = 1.0  # the running statistics become those of this one batch
-    with torch.no_grad():
-        model(photos)
-        model.eval()
-        pooled = model.forward_features(photos)
-        features = model.forward_head(pooled, pre_logits=True).flatten(1).double()
-        random_logits = model.forward_head(pooled).double()
-        mean = features.mean(0)
-        centred = features - mean
-        rows = centred / centred.norm(dim=1, keepdim=True)
-        # Each photo's own class scores 4x the largest random logit, so it wins clearly.
-        scale = 4.0 * random_logits.abs().max() / (rows * centred).sum(1).min()
-        classifier = model.get_classifier()
-        weight = classifier.weight.view(classifier.weight.shape[0], -1)
-        weight[: len(rows)] = (rows * scale).float()
-        classifier.bias[: len(rows)] = -(rows * scale @ mean).float()
-    dest.mkdir(parents=True, exist_ok=True)
-    state = {k: v.contiguous() for k, v in model.state_dict().items() if not k.endswith("num_batches_tracked")}
-    save_file(state, str(dest / "model.safetensors"))
-    (dest / "config.json").write_text((folder / "config.json").read_text())
-    return dest
+    """A copy of checkpoint `folder` that behaves on the repository's photos as a trained model would
+    (`trtmc.random_weights.calibrate_on_photos`): with it a test can ask for what a trained model
+    gives, timm's top-1 on every photo, in fp16 and in bf16."""
+    return calibrate_on_photos(folder, dest, photos_for(folder))
 
 
 def rewritten_checkpoint(source: Path, dest: Path, edit) -> Path:

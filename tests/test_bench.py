@@ -1,31 +1,38 @@
-"""`trtmc bench` on the CPU: the protocol, the oracle, unstable rows, output files, YAML validation.
+"""`trtmc bench` on the CPU: the protocol, the oracle, unstable and wrong rows, output files, YAML validation.
 
 Nothing here compiles: the inductor backend's compiler is replaced by trtmc's uncompiled torch
-module (the real build, bundle, runtime and task run around it), and the protocol tests feed
-scripted timers. GPU speed is measured by running `trtmc bench` on the GPU machine.
+module (the real build, bundle, runtime and task run around it), torch.compile by the identity, and
+the protocol tests feed scripted clocks. GPU speed is measured by running `trtmc bench` on the GPU machine.
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import io
 import json
+import re
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from trtmc.bench import report
-from trtmc.bench.runner import TRTMC, BenchOptions, Target, run_bench, run_entry
-from trtmc.bench.spec import Entry, SpecError, TimingProtocol, default_name, load_config, parse_config
-from trtmc.bench.timing import ENGINE, TASK, Timing, spread, time_row
-from trtmc.bench.weights import load_timm_model, resolve_source, save_random_checkpoint
+from trtmc.bench import baselines, oracle, report, runner, timing
+from trtmc.bench.results import ENGINE, TASK, TRTMC, BenchResult
+from trtmc.bench.runner import Target, prepare_entries, run_bench, run_entry
+from trtmc.bench.sources import resolve_source
+from trtmc.bench.spec import BenchOptions, Entry, SpecError, TimingProtocol, default_name, load_config, parse_config
+from trtmc.bench.timing import TimedCall, Timing, spread, time_interleaved
+from trtmc.random_weights import calibrate_on_photos, load_timm_model, save_random_checkpoint, timm_pixels
 
 REPO = Path(__file__).resolve().parents[1]
-PHOTO = REPO / "examples" / "images" / "chelsea.png"
+IMAGES = REPO / "examples" / "images"
+PHOTOS = oracle.photo_files()
 SMALL = {"pretrained_cfg_overlay": {"input_size": (3, 64, 64)}}  # a 64x64 regnetx_002: milliseconds per call
-PROTOCOL = TimingProtocol()  # 3 warm-ups, 10 measurements, 5%
+PROTOCOL = TimingProtocol()  # 3 warm-up rounds, 10 measured rounds, 5%, 20 ms
 QUICK = TimingProtocol(warmups=1, iters=3)  # where the test is not about the protocol's counts
 
 
@@ -41,37 +48,56 @@ def one_thread():
 # ---- helpers ----
 
 
-def scripted(*attempts):
-    """A timer that calls the function and reports the scripted milliseconds, in order."""
-    times = [ms for attempt in attempts for ms in attempt]
+class Scripted:
+    """A clock that calls the row once per round and reports the scripted ms per call, in turn, times
+    the calls; it keeps what it was asked (`calls`)."""
 
-    def timer(fn):
-        return times.pop(0), fn()
+    name = "scripted"
 
-    timer.left = times
-    return timer
+    def __init__(self, *per_call_ms: float, log: list | None = None, key=None) -> None:
+        self.times = list(per_call_ms)
+        self.calls: list[int] = []
+        self.log, self.key = log, key
+
+    def __call__(self, fn, calls):
+        fn()
+        self.calls.append(calls)
+        if self.log is not None:
+            self.log.append(self.key)
+        ms = self.times.pop(0) if len(self.times) > 1 else self.times[0]
+        return ms * calls
 
 
-def constant_timers(ms_by_subject, unstable=()):
-    """`timer_for` giving each subject a constant time; rows in `unstable` jitter by 20% on every attempt."""
+def constant_clocks(ms_by_subject, unstable=()):
+    """`clock_for` giving each subject a constant time; rows in `unstable` alternate 1x and 1.2x on every round."""
 
-    def timer_for(subject, scope, batch, device):
+    def clock_for(subject, scope, batch, device):
         ms = ms_by_subject.get((subject, scope), ms_by_subject.get(subject, 1.0))
         if (subject, scope, batch) in unstable:
-            jitter = iter([ms, ms * 1.2] * 100)
-            return lambda fn: (next(jitter), fn())
-        return lambda fn: (ms, fn())
+            return Scripted(*[ms, ms * 1.2] * 100)
+        return Scripted(ms)
 
-    return timer_for
+    return clock_for
 
 
-FAST = constant_timers({TRTMC: 1.0, "eager-fp32": 2.0, "eager-cl": 1.02, "reduce-overhead": 0.5})
+FAST = constant_clocks({TRTMC: 1.0, "expert": 1.1, "eager-fp32": 2.0, "eager-cl": 1.02, "reduce-overhead": 0.5})
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    """regnetx_002 with random, batch-norm-calibrated weights at 64x64, in the Hugging Face layout."""
-    return save_random_checkpoint("regnetx_002", tmp_path_factory.mktemp("ckpt") / "regnetx_002", seed=0, **SMALL)
+    """regnetx_002 at 64x64 with random weights calibrated on the shipped photos, as the bench writes
+    them (each photo has its own clear winner), in the Hugging Face layout."""
+    drawn = save_random_checkpoint("regnetx_002", tmp_path_factory.mktemp("drawn") / "regnetx_002", **SMALL)
+    return calibrate_on_photos(drawn, tmp_path_factory.mktemp("ckpt") / "regnetx_002", timm_pixels(drawn, PHOTOS))
+
+
+@pytest.fixture(scope="module")
+def few_photos(tmp_path_factory):
+    """The first four shipped photos (classes 0 to 3 of `tiny`): the oracle's work, a fifth of the time."""
+    folder = tmp_path_factory.mktemp("photos")
+    for photo in PHOTOS[:4]:
+        (folder / photo.name).symlink_to(photo)
+    return folder
 
 
 @pytest.fixture
@@ -116,13 +142,17 @@ def no_compile(monkeypatch):
     monkeypatch.setattr(torch, "compile", lambda model, **kwargs: model)
 
 
-def tiny_entry(folder, **changes):
-    fields = dict(name="tiny", model=str(folder), precision="fp32", batch_sizes=(1, 2), photo=PHOTO, protocol=QUICK)
+def tiny_entry(folder, photos=None, **changes):
+    fields = dict(name="tiny", model=str(folder), precision="fp32", batch_sizes=(1, 2), protocol=QUICK, photos=photos)
     return Entry(**{**fields, **changes})
 
 
 def options(tmp_path, baselines=("eager-fp32", "eager-cl")):
     return BenchOptions(workdir=tmp_path / "work", device="cpu", baselines=baselines)
+
+
+def bench_result(entries, tmp_path, baselines=("eager-fp32", "eager-cl")):
+    return BenchResult(runner.environment("cpu"), options(tmp_path, baselines), tuple(entries), "2026-01-01T00:00:00", 1.0)
 
 
 def run_cli(*args):
@@ -140,126 +170,254 @@ def run_cli(*args):
 # ---- the protocol ----
 
 
-def test_protocol_makes_three_untimed_warmups_then_ten_timed_measurements():
-    events = []
+def test_warmup_rounds_calibrate_the_calls_per_round_to_last_at_least_round_ms():
+    # 0.3 ms a call, but the first warm-up round is slow (a cold cache): the later rounds correct it.
+    clock = Scripted(3.0, 0.3)
+    outcome = time_interleaved({"row": TimedCall(lambda: None, clock)}, PROTOCOL)
+    timing_ = outcome.timings["row"]
+    assert clock.calls[:3] == [1, 7, 67]  # 20 ms / 3 ms -> 7 calls; 7 calls took 2.1 ms -> 67 calls
+    assert clock.calls[3:] == [67] * 10 and timing_.calls_per_round == 67
+    assert timing_.samples_ms == pytest.approx((0.3,) * 10) and timing_.clock == "scripted"
 
-    def fn():
-        events.append("call")
-        return events.count("call")
 
-    def timer(f):
-        events.append("timer")
-        return 1.0, f()
-
-    timing, last = time_row(fn, PROTOCOL, timer, sync=lambda: events.append("sync"))
-    assert events[:4] == ["call", "call", "call", "sync"]
-    assert events[4:] == ["timer", "call"] * 10
-    assert timing.samples_ms == (1.0,) * 10 and timing.attempts == 1 and timing.stable
-    assert last == 13  # the last measured call's output is handed back for the checks after timing
+def test_rows_are_interleaved_round_by_round_after_their_warmups():
+    log = []
+    rows = {key: TimedCall(lambda: None, Scripted(1.0, log=log, key=key)) for key in ("trtmc", "expert", "eager")}
+    outcome = time_interleaved(rows, PROTOCOL)
+    assert log == ["trtmc", "expert", "eager"] * (3 + 10)
+    assert all(t.attempts == 1 and len(t.samples_ms) == 10 for t in outcome.timings.values())
 
 
 def test_row_spreading_beyond_the_margin_is_rerun_once_then_marked_unstable():
-    calls = []
     jittery = [1.0] * 9 + [1.2]
-    timer = scripted(jittery, jittery)
-    timing, _ = time_row(lambda: calls.append(1), PROTOCOL, timer)
-    assert len(calls) == 2 * (3 + 10) and not timer.left  # one re-run, no third attempt
-    assert timing.attempts == 2 and not timing.stable
-    assert timing.discarded_ms == tuple(jittery)
-    assert timing.spread == pytest.approx(0.2)
+    steady, shaky = Scripted(1.0), Scripted(*([1.0] * 3 + jittery + jittery))
+    outcome = time_interleaved({"steady": TimedCall(lambda: None, steady), "shaky": TimedCall(lambda: None, shaky)}, PROTOCOL)
+    shaky_timing = outcome.timings["shaky"]
+    assert len(shaky.calls) == 3 + 2 * 10 and len(steady.calls) == 3 + 10  # only the unstable row is re-run
+    assert shaky_timing.attempts == 2 and not shaky_timing.stable and shaky_timing.spread == pytest.approx(0.2)
+    assert shaky_timing.discarded_ms == pytest.approx(tuple(jittery))
+    assert outcome.timings["steady"].stable
 
 
 def test_unstable_row_that_settles_on_its_rerun_is_a_result():
-    timing, _ = time_row(lambda: None, PROTOCOL, scripted([1.0] * 9 + [3.0], [2.0] * 10))
-    assert timing.stable and timing.attempts == 2
-    assert timing.median_ms == 2.0  # the re-run's samples, not a mix
-    assert timing.discarded_ms[-1] == 3.0
+    clock = Scripted(*([1.0] * 3 + [1.0] * 9 + [3.0] + [2.0] * 10))
+    timing_ = time_interleaved({"row": TimedCall(lambda: None, clock)}, PROTOCOL).timings["row"]
+    assert timing_.stable and timing_.attempts == 2
+    assert timing_.median_ms == pytest.approx(2.0)  # the re-run's samples, not a mix
+    assert timing_.discarded_ms[-1] == pytest.approx(3.0)
+
+
+def test_a_row_that_raises_is_dropped_and_the_others_are_timed():
+    def broken():
+        raise RuntimeError("capture failed")
+
+    outcome = time_interleaved({"ok": TimedCall(lambda: None, Scripted(1.0)), "broken": TimedCall(broken, Scripted(1.0))}, QUICK)
+    assert outcome.errors == {"broken": "RuntimeError: capture failed"}
+    assert set(outcome.timings) == {"ok"}
+
+
+def test_garbage_collection_is_paused_during_the_rounds_only():
+    import gc
+
+    seen = []
+    time_interleaved({"row": TimedCall(lambda: seen.append(gc.isenabled()), Scripted(1.0))}, QUICK)
+    assert seen == [False] * (1 + 3) and gc.isenabled()
 
 
 def test_spread_is_the_largest_distance_from_the_median_as_a_fraction_of_it():
     assert spread([1.0] * 9 + [1.05]) == pytest.approx(0.05)
-    assert Timing((1.0,) * 9 + (1.05,), margin=0.05).stable
-    assert not Timing((1.0,) * 9 + (1.06,), margin=0.05).stable
-    assert not Timing((1.0,) * 9 + (0.94,), margin=0.05).stable
+    assert Timing((1.0,) * 9 + (1.05,), 1, margin=0.05, clock="c").stable
+    assert not Timing((1.0,) * 9 + (1.06,), 1, margin=0.05, clock="c").stable
+    assert not Timing((1.0,) * 9 + (0.94,), 1, margin=0.05, clock="c").stable
+
+
+def test_protocol_text_states_the_numbers_that_run():
+    text = timing.describe(TimingProtocol(warmups=2, iters=7, margin=0.1, round_ms=30))
+    for phrase in ("2 warm-up rounds", "at least 30 ms", "7 measured rounds", "further than 10%", "interleaved"):
+        assert phrase in text
+
+
+def test_host_clock_times_every_call_of_the_round():
+    calls = []
+    ms = timing.HostClock("cpu")(lambda: calls.append(1), 5)
+    assert len(calls) == 5 and ms >= 0
+
+
+# ---- the oracle ----
+
+
+def logits_with_top(*tops, classes=10, size=1.0):
+    """One row per photo: classes in `tops` order score 10, 9, 8, ...; the rest below."""
+    rows = []
+    for top in tops:
+        row = torch.linspace(0, 1, classes) * size
+        for rank, c in enumerate(top):
+            row[c] = (10 - rank) * size
+        rows.append(row)
+    return torch.stack(rows)
+
+
+def reference_of(logits):
+    return oracle.Reference(tuple(f"p{i}.jpg" for i in range(len(logits))), logits.double())
+
+
+def test_oracle_compares_the_top1_class_and_the_top5_set_on_every_photo():
+    ref = reference_of(logits_with_top((0, 1, 2, 3, 4), (5, 6, 7, 8, 9)))
+    same_set_other_order = logits_with_top((0, 2, 1, 4, 3), (5, 9, 8, 7, 6))
+    assert oracle.judge(same_set_other_order, ref, 1e-6).right
+    other_fifth = logits_with_top((0, 1, 2, 3, 9), (5, 6, 7, 8, 9))
+    verdict = oracle.judge(other_fifth, ref, 1e-3)
+    assert not verdict.right and verdict.wrong_photos == 1
+    assert verdict.mismatches[0].describe() == "p0.jpg: top-5 set {0, 1, 2, 3, 9} where timm's is {0, 1, 2, 3, 4}"
+    other_winner = logits_with_top((1, 0, 2, 3, 4), (5, 6, 7, 8, 9))
+    assert oracle.judge(other_winner, ref, 1e-3).mismatches[0].k == 1
+
+
+def test_oracle_lets_a_near_tie_change_places_within_the_tolerance():
+    ref = logits_with_top((0, 1, 2, 3, 4))
+    ref[0, 7] = 5.6  # timm's 6th class trails its 5th (6.0) by 0.04 of the largest logit (10)
+    swapped = logits_with_top((0, 1, 2, 3, 7))
+    assert oracle.judge(swapped, reference_of(ref), 0.03).mismatches
+    assert oracle.judge(swapped, reference_of(ref), 0.05).right
+
+
+def test_oracle_reports_non_finite_logits():
+    ref = reference_of(logits_with_top((0, 1, 2, 3, 4), (5, 6, 7, 8, 9)))
+    ours = ref.logits.clone()
+    ours[1, 3] = float("nan")
+    verdict = oracle.judge(ours, ref, 0.01)
+    assert verdict.non_finite == ("p1.jpg",) and "non-finite logits on p1.jpg" in verdict.describe()
+
+
+def test_oracle_runs_in_chunks_of_the_batch_size_padding_the_last():
+    seen = []
+
+    def run(chunk):
+        seen.append(len(chunk))
+        return chunk.sum(dim=(1, 2, 3))[:, None]
+
+    out = oracle.in_chunks(run, torch.ones(5, 1, 2, 2), 2, pad=True)
+    assert seen == [2, 2, 2] and out.shape == (5, 1) and bool((out == 4).all())
+    assert oracle.in_chunks(lambda c: np.ones((len(c), 3), np.float32), [1, 2, 3], 2, pad=False).shape == (3, 3)
+
+
+def test_the_oracle_judges_every_shipped_photo():
+    assert len(PHOTOS) == 22 and PHOTOS[0].parent == IMAGES
 
 
 # ---- entries end to end (real build, bundle, runtime and task; compiler replaced) ----
 
 
-def test_entry_times_both_scopes_and_every_baseline_with_the_protocol(tiny, tmp_path, uncompiled, no_compile):
-    opts = options(tmp_path, baselines=("eager-fp32", "eager-cl", "reduce-overhead"))
-    result = run_entry(tiny_entry(tiny, protocol=PROTOCOL), opts, timer_for=FAST)
+def test_entry_times_both_scopes_and_every_baseline_interleaved_and_judges_each_row(tiny, tmp_path, uncompiled, no_compile):
+    opts = options(tmp_path, baselines=("expert", "eager-fp32", "eager-cl", "reduce-overhead"))
+    result = run_entry(tiny_entry(tiny, protocol=PROTOCOL, batch_sizes=(1, 4)), opts, clock_for=FAST)
     assert result.status == "passed", result.message
     assert result.architecture == "regnetx_002" and result.engine_key == "inductor-cpu-fp32"
     assert result.build_seconds > 0 and result.bundle_bytes > 0
-    keys = [(r.subject, r.scope, r.batch) for r in result.rows]
-    assert keys == [
-        (TRTMC, ENGINE, 1), (TRTMC, TASK, 1), (TRTMC, ENGINE, 2), (TRTMC, TASK, 2),
-        ("eager-fp32", ENGINE, 1), ("eager-fp32", ENGINE, 2),
-        ("eager-cl", ENGINE, 1), ("eager-cl", ENGINE, 2),
-        ("reduce-overhead", ENGINE, 1), ("reduce-overhead", ENGINE, 2),
+    assert [(r.subject, r.scope, r.batch) for r in result.rows] == [
+        (TRTMC, ENGINE, 1), (TRTMC, TASK, 1), (TRTMC, ENGINE, 4), (TRTMC, TASK, 4),
+        ("expert", ENGINE, 1), ("expert", ENGINE, 4), ("eager-fp32", ENGINE, 1), ("eager-fp32", ENGINE, 4),
+        ("eager-cl", ENGINE, 1), ("eager-cl", ENGINE, 4), ("reduce-overhead", ENGINE, 1), ("reduce-overhead", ENGINE, 4),
     ]
     for row in result.rows:
         assert row.status == "ok" and len(row.timing.samples_ms) == 10 and row.first_call_s is not None
-        assert row.top_classes == (result.reference.top_class,) and row.finite
-    # per trtmc row: 1 first call + 3 warm-ups + 10 measurements; the task scope calls the engine too
-    assert uncompiled.calls == 4 * (1 + 3 + 10)
+        assert row.verdict.right and row.verdict.photos == 22
+    # 1 ms a call, rounds of 20 ms
+    assert result.row(TRTMC, ENGINE, 1).timing.calls_per_round == 20
+    # Per trtmc row: a first call, 3 warm-up and 10 measured rounds (the scripted clock calls once a
+    # round), then the oracle's 22 photos in chunks of the batch size; the task calls the engine too.
+    assert uncompiled.calls == 2 * (14 + 22) + 2 * (14 + 6)
+    assert result.headline(1) == pytest.approx(1.1) and result.verdict(result.headline(1)) == "faster"
     assert result.ratio("eager-fp32", 1) == pytest.approx(2.0)
-    assert result.verdict(result.ratio("eager-fp32", 1)) == "faster"
-    assert result.verdict(result.ratio("eager-cl", 2)) == "on par"  # 1.02 is within the 5% margin
-    assert result.verdict(result.ratio("reduce-overhead", 2)) == "slower"
+    assert result.verdict(result.ratio("eager-cl", 4)) == "on par"  # 1.02 is within the 5% margin
+    assert result.verdict(result.ratio("reduce-overhead", 4)) == "slower"
 
 
-def test_engine_with_shuffled_logits_fails_the_entry_whatever_its_speed(tiny, tmp_path, uncompiled):
+def test_engine_with_shuffled_logits_fails_the_entry_whatever_its_speed(tiny, few_photos, tmp_path, uncompiled):
     uncompiled.wrap = staticmethod(lambda logits: torch.roll(logits, 1, dims=-1))
-    timers = constant_timers({TRTMC: 0.001, "eager-fp32": 10.0, "eager-cl": 10.0})
-    result = run_entry(tiny_entry(tiny), options(tmp_path), timer_for=timers)
+    clocks = constant_clocks({TRTMC: 0.001, "eager-fp32": 10.0, "eager-cl": 10.0})
+    result = run_entry(tiny_entry(tiny, few_photos), options(tmp_path), clock_for=clocks)
     assert result.status == "failed"
-    expected = result.reference.top_class
-    assert f"top class {(expected + 1) % 1000} where timm's is {expected}" in result.message
-    assert len(result.oracle_failures) == 2  # the engine scope at both batch sizes
+    # photo 0's class is 0 (the weights are calibrated so): rolled logits put it at 1
+    assert "trtmc engine batch 1: wrong on 4 of 4 photos (chelsea.png: top-1 class 1 where timm's is 0" in result.message
+    assert {(r.scope, r.batch) for r in result.rows if r.status == "wrong"} == {(ENGINE, 1), (ENGINE, 2), (TASK, 1), (TASK, 2)}
     assert result.ratio("eager-fp32", 1) is None  # no speed-up is reported for a wrong answer
-    markdown = report.to_markdown(run_bench_result([result], tmp_path))
-    assert "**WRONG**" in markdown and "10.00 ms" in markdown and "10000.00×" not in markdown
+    markdown = report.to_markdown(bench_result([result], tmp_path))
+    assert "**WRONG** engine 4/4, task 4/4" in markdown
+    assert "— (10.00 ms)" in markdown and "10000.00×" not in markdown and "**10000" not in markdown
 
 
-def test_non_finite_logits_fail_the_entry(tiny, tmp_path, uncompiled):
+def test_a_wrong_task_scope_fails_the_entry_even_when_the_engine_is_right(tiny, few_photos, tmp_path):
+    target = right_engine_target(tiny, rolled_task=True)
+    result = run_entry(tiny_entry(tiny, few_photos), options(tmp_path, baselines=()), prepare=lambda *a: target, clock_for=FAST)
+    assert result.status == "failed" and "trtmc task batch 1: wrong on 4 of 4 photos" in result.message
+    assert result.row(TRTMC, ENGINE, 1).status == "ok" and result.row(TRTMC, TASK, 1).status == "wrong"
+
+
+def right_engine_target(folder, *, rolled_task=False, batch_sizes=None):
+    """A Target around trtmc's uncompiled graph; with `rolled_task` its task shifts every logit by one class."""
+    from trtmc.backends.torch_lowering import GraphModule
+    from trtmc.checkpoint import Checkpoint
+    from trtmc.families import build_graph
+    from trtmc.preprocess import PreprocessSpec
+
+    checkpoint = Checkpoint(folder)
+    module = GraphModule(build_graph(checkpoint)[1]).eval()
+    spec = PreprocessSpec.from_pretrained(checkpoint.config.pretrained)
+
+    def task(images):
+        logits = module(torch.stack([spec.from_array(image) for image in images])).numpy()
+        return np.roll(logits, 1, axis=-1) if rolled_task else logits
+
+    return Target(engine=module, task=task, preprocess=spec, device="cpu", batch_sizes=batch_sizes)
+
+
+def test_a_baseline_that_answers_wrong_is_reported_wrong_without_a_ratio(tiny, few_photos, tmp_path, uncompiled, monkeypatch):
+    make = baselines.make_baseline
+
+    def make_wrong_eager_cl(key, model, precision, device):
+        baseline = make(key, model, precision, device)
+        if key != "eager-cl":
+            return baseline
+        return replace(baseline, forward=lambda x, f=baseline.forward: torch.roll(f(x), 1, dims=-1))
+
+    monkeypatch.setattr(runner, "make_baseline", make_wrong_eager_cl)
+    result = run_entry(tiny_entry(tiny, few_photos), options(tmp_path), clock_for=FAST)
+    assert result.status == "passed"  # a wrong baseline does not fail trtmc's entry
+    assert result.row("eager-cl", ENGINE, 1).status == "wrong" and result.ratio("eager-cl", 1) is None
+    assert result.ratio("eager-fp32", 1) == pytest.approx(2.0)
+    markdown = report.to_markdown(bench_result([result], tmp_path))
+    assert "**wrong** on 4/4 photos" in markdown
+    assert "timm eager fp32 CL batch 1 answers wrong: wrong on 4 of 4 photos" in markdown
+    assert report.to_json(bench_result([result], tmp_path))["summary"]["wrong_rows"] == 2
+
+
+def test_non_finite_logits_fail_the_entry(tiny, few_photos, tmp_path, uncompiled):
     uncompiled.wrap = staticmethod(lambda logits: logits.index_fill(-1, torch.tensor([7]), float("nan")))
-    result = run_entry(tiny_entry(tiny, batch_sizes=(1,)), options(tmp_path, baselines=()), timer_for=FAST)
-    assert result.status == "failed" and "non-finite logits" in result.message
+    result = run_entry(tiny_entry(tiny, few_photos, batch_sizes=(1,)), options(tmp_path, baselines=()), clock_for=FAST)
+    assert result.status == "failed" and "non-finite logits on" in result.message
 
 
-def test_unstable_trtmc_row_is_rerun_then_shown_unstable_not_as_a_result(tiny, tmp_path, uncompiled):
-    timers = constant_timers({TRTMC: 1.0, "eager-fp32": 2.0}, unstable={(TRTMC, ENGINE, 2)})
-    result = run_entry(tiny_entry(tiny), options(tmp_path, baselines=("eager-fp32",)), timer_for=timers)
+def test_unstable_trtmc_row_is_rerun_then_shown_unstable_not_as_a_result(tiny, few_photos, tmp_path, uncompiled):
+    clocks = constant_clocks({TRTMC: 1.0, "eager-fp32": 2.0}, unstable={(TRTMC, ENGINE, 2)})
+    result = run_entry(tiny_entry(tiny, few_photos), options(tmp_path, baselines=("eager-fp32",)), clock_for=clocks)
     assert result.status == "passed"  # the answer was right; the row just is not a result
     row = result.row(TRTMC, ENGINE, 2)
     assert row.status == "unstable" and row.timing.attempts == 2 and row.median_ms is None
     assert result.ratio("eager-fp32", 2) is None and result.ratio("eager-fp32", 1) == pytest.approx(2.0)
-    bench = run_bench_result([result], tmp_path)
+    bench = bench_result([result], tmp_path, baselines=("eager-fp32",))
     assert "unstable (±" in report.to_markdown(bench)
     row_json = next(r for r in report.to_json(bench)["entries"][0]["rows"] if r["scope"] == "engine" and r["batch"] == 2)
     assert row_json["status"] == "unstable" and row_json["median_ms"] is None and len(row_json["timing"]["discarded_ms"]) == 3
     assert report.to_json(bench)["summary"]["unstable_rows"] == 1
 
 
-def test_engine_missing_a_batch_size_is_an_error_of_that_row(tiny, tmp_path):
-    from trtmc.backends.torch_lowering import GraphModule
-    from trtmc.checkpoint import Checkpoint
-    from trtmc.families import build_graph
-    from trtmc.preprocess import PreprocessSpec
-
-    checkpoint = Checkpoint(tiny)
-    module = GraphModule(build_graph(checkpoint)[1]).eval()
-
-    def prepare(entry, source, opts, progress):
-        return Target(engine=module, task=lambda images: np.zeros((len(images), 1000), np.float32),
-                      preprocess=PreprocessSpec.from_pretrained(checkpoint.config.pretrained),
-                      device="cpu", batch_sizes=(1,))
-
-    result = run_entry(tiny_entry(tiny), options(tmp_path, baselines=()), prepare=prepare, timer_for=FAST)
+def test_engine_missing_a_batch_size_is_an_error_of_that_row(tiny, few_photos, tmp_path):
+    target = right_engine_target(tiny, batch_sizes=(1,))
+    result = run_entry(tiny_entry(tiny, few_photos), options(tmp_path, baselines=()), prepare=lambda *a: target, clock_for=FAST)
     assert result.status == "error"  # a trtmc row that cannot run is the entry's error
     assert result.row(TRTMC, ENGINE, 2).error == "the engine is compiled for batch sizes [1], not 2"
+    assert result.row(TRTMC, TASK, 2).status == "ok"
 
 
 def test_unsupported_architecture_is_reported_without_building(tmp_path, uncompiled):
@@ -267,78 +425,121 @@ def test_unsupported_architecture_is_reported_without_building(tmp_path, uncompi
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({"architecture": "alien_net", "num_classes": 10}))
     (folder / "model.safetensors").write_bytes(b"")
-    result = run_entry(tiny_entry(folder), options(tmp_path), timer_for=FAST)
+    result = run_entry(tiny_entry(folder), options(tmp_path), clock_for=FAST)
     assert result.status == "unsupported" and "'alien_net' is not supported" in result.message
     assert not (tmp_path / "work" / "bundles").exists()
 
 
-def run_bench_result(entries, tmp_path):
-    from trtmc.bench.runner import BenchResult, environment
-
-    return BenchResult(environment("cpu"), options(tmp_path), tuple(entries), "2026-01-01T00:00:00", 1.0)
-
-
-def test_results_json_markdown_and_plot_are_written(tiny, tmp_path, uncompiled):
-    bench = run_bench([tiny_entry(tiny)], options(tmp_path), timer_for=FAST)
+def test_results_json_markdown_and_plot_are_written_with_the_expert_as_headline(tiny, few_photos, tmp_path, uncompiled, no_compile):
+    bench = run_bench([tiny_entry(tiny, few_photos)], options(tmp_path, ("expert", "eager-fp32", "eager-cl")), clock_for=FAST)
     written = report.write_results(bench, tmp_path / "out")
     data = json.loads(written["json"].read_text())
     entry = data["entries"][0]
-    assert data["summary"] == {"entries": 1, "passed": 1, "unstable_rows": 0}
-    assert entry["status"] == "passed" and entry["build_seconds"] is not None
-    assert entry["speedup"]["eager-fp32"] == {"1": 2.0, "2": 2.0}
-    assert entry["oracle"]["timm"]["top_class"] == bench.entries[0].reference.top_class
+    assert data["summary"]["passed"] == 1 and data["summary"]["headline"] == {"tiny": {"1": 1.1, "2": 1.1}}
+    assert entry["headline"] == {"1": 1.1, "2": 1.1} and entry["speedup"]["eager-fp32"] == {"1": 2.0, "2": 2.0}
+    assert entry["oracle"]["photos"] == 4 and entry["oracle"]["top5"]["chelsea.png"][0] == 0
     assert {r["scope"] for r in entry["rows"]} == {"engine", "task"}
+    assert all(r["oracle"]["right"] and r["timing"]["calls_per_round"] >= 1 for r in entry["rows"])
     markdown = written["markdown"].read_text()
-    assert "| tiny | fp32 | 1 | ok " in markdown and "**2.00×** (2.000 ms)" in markdown
-    assert "1.02× ≈ (1.020 ms)" in markdown and "## Builds" in markdown
+    headline = markdown.split("## Headline")[1].split("##")[0]
+    assert "| tiny | fp32 | 1 | right 4/4 | 1.000 ms | 1.100 ms | **1.10×** |" in headline
+    assert "**2.00×** (2.000 ms)" in markdown and "1.02× ≈ (1.020 ms)" in markdown and "## Builds" in markdown
+    # the protocol paragraph is the code's own description of what ran
+    assert timing.describe(QUICK) in markdown and oracle.describe(str(few_photos), 4) in markdown
     assert written["plot"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_cli_benches_one_model_on_the_cpu(tiny, tmp_path, uncompiled):
+def test_prepare_phase_runs_in_workers_and_the_timing_reuses_its_bundles(tiny, few_photos, tmp_path, uncompiled, no_compile):
+    opts = options(tmp_path, baselines=("expert",))
+    messages = []
+    entry = tiny_entry(tiny, few_photos)
+    failures = prepare_entries([entry], opts, 1, messages.append, quiet=True, executor=ThreadPoolExecutor(1))
+    assert failures == {} and any(m.startswith("prepared tiny") for m in messages)
+    assert (tmp_path / "work" / "bundles" / "tiny-fp32.build.json").is_file()
+    result = run_entry(entry, replace(opts, reuse_bundles=True), clock_for=FAST, progress=messages.append)
+    assert result.status == "passed" and any(m.startswith("using the prepared bundle") for m in messages)
+
+
+def test_cli_benches_one_model_on_the_cpu(tiny, few_photos, tmp_path, uncompiled):
     code, out, err = run_cli(
-        "bench", "--device", "cpu", "--model", tiny, "--precision", "fp32", "--batch", "1", "--batch", "2",
-        "--baseline", "eager-fp32", "--warmups", "1", "--iters", "3", "--out", tmp_path / "out",
+        "bench", "--device", "cpu", "--model", tiny, "--precision", "fp32", "--batch", "1", "--batch", "2", "--photos", few_photos,
+        "--baseline", "eager-fp32", "--warmups", "1", "--iters", "3", "--round-ms", "1", "--out", tmp_path / "out",
     )
-    assert code in (0, 1), err
     data = json.loads((tmp_path / "out" / "results.json").read_text())
-    assert data["entries"][0]["status"] == "passed" and code == 0
-    assert data["entries"][0]["protocol"] == {"warmups": 1, "iters": 3, "margin": 0.05}
+    assert data["entries"][0]["status"] == "passed" and code == 0, err
+    assert data["entries"][0]["protocol"] == {"warmups": 1, "iters": 3, "margin": 0.05, "round_ms": 1.0}
     assert (tmp_path / "out" / "results.md").is_file() and (tmp_path / "out" / "latency.png").is_file()
     assert "[1/1 regnetx_002] building (fp32, cpu, max batch 2)" in err  # progress on stderr
+    assert re.search(r"trtmc fp32 engine, batch 1: [0-9.]+ ms \(spread [0-9.]+%, \d+ calls per round", err)
     assert "regnetx_002                  passed" in out
 
 
-def test_bench_help_explains_scopes_protocol_and_baselines():
+def test_bench_help_explains_scopes_protocol_baselines_oracle_and_the_extra():
     code, out, _ = run_cli("bench", "--help")
     assert code == 0
-    for phrase in ("engine scope", "task scope", "reduce-overhead", "--max-autotune", "--random-weights", "unstable"):
-        assert phrase in out
+    for phrase in ("engine scope", "task scope", "expert", "reduce-overhead", "--max-autotune", "--random-weights",
+                   "unstable", "warm-up rounds", "22 photos", "top-5 set", "pip install 'trtmc[bench]'"):
+        assert phrase in out, phrase
+
+
+def test_bench_without_timm_says_how_to_install_it(tiny, tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "timm", None)  # `import timm` now raises ImportError
+    code, _, err = run_cli("bench", "--device", "cpu", "--model", tiny, "--out", tmp_path / "out")
+    assert code == 1 and "trtmc bench needs timm" in err and "pip install 'trtmc[bench]'" in err
+
+
+def test_expert_baseline_is_the_default_mode_compile_of_the_channels_last_model(monkeypatch):
+    from timm import create_model
+
+    compiled = {}
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: compiled.update(kwargs) or model)
+    model = create_model("regnetx_002", pretrained=False, **SMALL).eval()
+    expert = baselines.make_baseline("expert", model, "bf16", "cpu")
+    assert compiled == {"mode": "default", "dynamic": False}
+    assert expert.label == "expert bf16 CL" and expert.precision == "bf16" and not expert.marks_steps
+    x = expert.prepare(torch.rand(2, 3, 64, 64))
+    assert x.dtype == torch.bfloat16 and x.is_contiguous(memory_format=torch.channels_last)
+    assert expert(x).dtype == torch.float32
+    assert next(model.parameters()).dtype == torch.float32  # timm's model is left untouched
 
 
 # ---- checkpoints ----
 
 
-def test_random_weights_are_written_in_the_hugging_face_layout_with_sane_logits(tiny):
-    config = json.loads((tiny / "config.json").read_text())
-    assert config["architecture"] == "regnetx_002" and config["pretrained_cfg"]["input_size"] == [3, 64, 64]
-    with torch.no_grad():
-        logits = load_timm_model(tiny)(torch.randn(2, 3, 64, 64))
-    # calibrated batch norm keeps a trained network's scale (the parity tests' weights reach 1e18)
-    assert torch.isfinite(logits).all() and 1e-2 < logits.abs().max() < 1e3
-
-
-def test_hugging_face_id_with_random_weights_needs_no_network_and_is_reused(tmp_path):
-    source = resolve_source("timm/regnetx_002.pycls_in1k", "random", tmp_path, seed=3)
+def test_random_weights_for_the_bench_give_each_photo_its_own_class_and_are_reused(tmp_path):
+    source = resolve_source("timm/regnetx_002.pycls_in1k", "random", tmp_path, 3, PHOTOS)
     assert source.architecture == "regnetx_002" and source.weights == "random"
-    assert source.folder == tmp_path / "checkpoints" / "regnetx_002.pycls_in1k-random-seed3"
+    assert source.folder.parent == tmp_path / "checkpoints"
+    assert source.folder.name.startswith("regnetx_002.pycls_in1k-random-seed3-photos-")
+    with torch.no_grad():
+        logits = load_timm_model(source.folder)(timm_pixels(source.folder, PHOTOS))
+    assert logits.argmax(-1).tolist() == list(range(22))  # a clear winner per photo, as trained weights give
     stamp = (source.folder / "model.safetensors").stat().st_mtime_ns
-    assert resolve_source("timm/regnetx_002.pycls_in1k", "random", tmp_path, seed=3) == source
+    assert resolve_source("timm/regnetx_002.pycls_in1k", "random", tmp_path, 3, PHOTOS) == source
     assert (source.folder / "model.safetensors").stat().st_mtime_ns == stamp
 
 
 def test_bare_architecture_name_asks_for_random_weights(tmp_path):
     with pytest.raises(SpecError, match="add `weights: random`.*--random-weights"):
-        resolve_source("resnet50", "checkpoint", tmp_path)
+        resolve_source("resnet50", "checkpoint", tmp_path, 0, PHOTOS)
+
+
+# ---- support code ----
+
+
+def test_tools_use_only_public_apis_and_import_nothing_from_tests():
+    for path in sorted((REPO / "tools").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                assert node.module.split(".")[0] not in ("support", "tests"), f"{path.name} imports {node.module}"
+                names = [a.name for a in node.names]
+                assert not any(n.startswith("_") for n in names), f"{path.name} imports private {names} from {node.module}"
+            elif isinstance(node, ast.Import):
+                assert all(a.name.split(".")[0] not in ("support", "tests") for a in node.names), path.name
+        assert '"tests"' not in path.read_text(), f"{path.name} puts tests/ on sys.path"
 
 
 # ---- the YAML ----
@@ -366,9 +567,12 @@ def write(tmp_path, text):
         ("entries:\n  - model: timm/resnet50.a1_in1k\n  - model: resnet50",
          r"entries\[1\] \(resnet50\): name 'resnet50' is already used by entries\[0\]"),
         ("entries:\n  - model: resnet50\n    weights: pretrained", r"'weights' must be 'checkpoint' or 'random'"),
-        ("entries:\n  - model: resnet50\n    photo: nope.png", r"'photo' .*nope.png: no such image file"),
+        ("entries:\n  - model: resnet50\n    photos: nope", r"'photos' .*nope: no such folder"),
+        ("entries:\n  - model: resnet50\n    photo: a.png", r"unknown key 'photo' \(did you mean 'photos'\?\)"),
         ("protocol: {margin: 5}\nentries:\n  - model: resnet50", r"bench.yaml: protocol: 'margin' must be a fraction"),
+        ("protocol: {round_ms: 0}\nentries:\n  - model: resnet50", r"protocol: 'round_ms' must be a positive number"),
         ("entries:\n  - model: resnet50\n    protocol: {iters: 2}", r"entries\[0\] \(resnet50\): protocol: 'iters' must be an integer >= 3"),
+        ("entries:\n  - model: resnet50\n    protocol: {warmups: 0}", r"'warmups' must be an integer >= 1 \(they calibrate"),
         ("entries:\n  - model: resnet50\n    protocol: {warmup: 2}", r"protocol: unknown key 'warmup' \(did you mean 'warmups'\?\)"),
         ("defaults: {name: x}\nentries:\n  - model: resnet50", r"defaults: unknown key 'name'"),
         ("entries:\n  - model: resnet50\n    name: a/b", r"'name' 'a/b' names files: no slashes"),
@@ -383,24 +587,23 @@ def test_yaml_mistakes_name_the_file_entry_and_key(tmp_path, text, message):
 
 def test_yaml_defaults_fill_entries_and_paths_are_relative_to_the_file(tmp_path):
     (tmp_path / "images").mkdir()
-    (tmp_path / "images" / "cat.png").write_bytes(b"")
     config = load_config(write(tmp_path, """
 protocol: {warmups: 2}
-defaults: {precision: bf16, batch: [4], photo: images/cat.png, protocol: {iters: 20}}
+defaults: {precision: bf16, batch: [4], photos: images, protocol: {iters: 20}}
 entries:
   - model: timm/resnet50.a1_in1k
   - model: ghostnet_100
     name: ghost
     weights: random
     batch: 1
-    protocol: {margin: 0.1}
+    protocol: {margin: 0.1, round_ms: 50}
 """))
     first, second = config.entries
     assert (first.name, first.precision, first.batch_sizes, first.weights) == ("resnet50", "bf16", (4,), "checkpoint")
-    assert first.photo == tmp_path / "images" / "cat.png"
+    assert first.photos == tmp_path / "images"
     assert first.protocol == TimingProtocol(warmups=2, iters=20, margin=0.05)
     assert (second.name, second.batch_sizes, second.weights) == ("ghost", (1,), "random")
-    assert second.protocol == TimingProtocol(warmups=2, iters=20, margin=0.1)
+    assert second.protocol == TimingProtocol(warmups=2, iters=20, margin=0.1, round_ms=50)
     assert config.select(["ghost"]) == (second,)
     with pytest.raises(SpecError, match=r"--only 'ghots'.*did you mean 'ghost'"):
         config.select(["ghots"])
@@ -416,7 +619,7 @@ def test_shipped_performance_yaml_covers_every_family_at_batch_1_and_128_in_fp16
     assert wanted <= names and names & {"regnetx_016", "regnety_016"}
     for entry in config.entries:
         assert entry.precision == "fp16" and entry.batch_sizes == (1, 128) and entry.protocol == PROTOCOL
-        assert entry.photo == PHOTO
+        assert entry.photos == IMAGES
     for family in all_families():
         assert names & set(family.architectures), f"no entry for family {family.name}"
     assert Path(next(e for e in config.entries if e.name == "tf_efficientnet_lite0").model).is_dir()

@@ -68,14 +68,12 @@ def classify_in_fresh_process(bundle: Path, images: list[Path]) -> dict:
 def cpu_reference(folder: Path, images: list[Path], bundle: Path) -> dict:
     import torch
 
-    sys.path.insert(0, str(REPO / "tests"))
-    from support import load_timm
-
     from trtmc.backends.torch_lowering import GraphModule
     from trtmc.bundle import read_bundle
     from trtmc.checkpoint import Checkpoint
     from trtmc.families import build_graph
     from trtmc.passes.precision import PrecisionPolicy, assign_precision
+    from trtmc.random_weights import load_timm_model
     from PIL import Image
 
     spec = read_bundle(bundle).preprocess
@@ -83,7 +81,7 @@ def cpu_reference(folder: Path, images: list[Path], bundle: Path) -> dict:
     _, graph = build_graph(Checkpoint(folder), "fp32")
     with torch.no_grad():
         ours = GraphModule(assign_precision(graph, PrecisionPolicy("fp32")))(pixels)
-        timm_logits = load_timm(folder)(pixels)
+        timm_logits = load_timm_model(folder)(pixels)
     return {"cpu_fp32_top1": ours.argmax(-1).tolist(), "timm_fp32_top1": timm_logits.argmax(-1).tolist(),
             "cpu_fp32_logits": ours.tolist()}
 
@@ -125,13 +123,12 @@ def main() -> None:
 
     import numpy as np
 
-    sys.path.insert(0, str(REPO / "tests"))
-    from support import save_timm_checkpoint
+    from trtmc.random_weights import save_random_checkpoint
 
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path("/tmp/gpu_check")
     work.mkdir(parents=True, exist_ok=True)
-    folders = {a: LITE0 if a == "tf_efficientnet_lite0" else save_timm_checkpoint(a, work / a) for a in args.archs}
+    folders = {a: LITE0 if a == "tf_efficientnet_lite0" else save_random_checkpoint(a, work / a) for a in args.archs}
     # Phase 1: builds in parallel (cold Inductor compiles are CPU-bound).
     with ThreadPoolExecutor(args.jobs) as pool:
         rows = list(pool.map(lambda a: build_and_check(a, folders[a], args.images, args.precision, work), args.archs))

@@ -14,7 +14,6 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
 RUNS = 20
 
 
@@ -34,20 +33,22 @@ def main() -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    sys.path.insert(0, str(REPO / "tests"))
-    from support import save_timm_checkpoint
-
-    from trtmc.backends.inductor import _compile_cuda, _example
+    from trtmc.backends.torch_lowering import TORCH_DTYPES, to_fx
     from trtmc.checkpoint import Checkpoint
     from trtmc.families import build_graph
     from trtmc.passes.fold_batch_norm import fold_batch_norm
     from trtmc.passes.precision import PrecisionPolicy, assign_precision
+    from trtmc.random_weights import save_random_checkpoint
 
-    folder = save_timm_checkpoint(arch, Path("/tmp/kernel_profile") / f"{arch}-{batch}")
+    folder = save_random_checkpoint(arch, Path("/tmp/kernel_profile") / f"{arch}-{batch}")
     _, graph = build_graph(Checkpoint(folder), "fp16")
     graph = assign_precision(fold_batch_norm(graph), PrecisionPolicy("fp16"))
-    compiled = _compile_cuda(graph)
-    x = _example(graph, batch, "cuda")
+    # Compiled as the inductor backend's CUDA engine compiles it: the FX graph, channels-last, static shapes.
+    module = to_fx(graph).eval().cuda().to(memory_format=torch.channels_last)
+    compiled = torch.compile(module, dynamic=False)
+    node = graph.inputs[0]
+    x = torch.randn((batch,) + tuple(node.type.shape[1:]), device="cuda").to(TORCH_DTYPES[node.type.dtype])
+    x = x.to(memory_format=torch.channels_last)
     with torch.no_grad():
         for _ in range(3):
             compiled(x)

@@ -18,8 +18,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-
 VARIANTS = {
     # name: (channels_last, fp16 input, inductor freezing, coordinate-descent tuning)
     "trtmc_nchw": (False, False, False, False),
@@ -33,12 +31,11 @@ VARIANTS = {
 
 
 def _checkpoint(arch: str) -> Path:
-    sys.path.insert(0, str(REPO / "tests"))
-    from support import save_timm_checkpoint
+    from trtmc.random_weights import save_random_checkpoint
 
     folder = Path("/tmp/speed_lab") / arch
     if not (folder / "model.safetensors").exists():
-        save_timm_checkpoint(arch, folder)
+        save_random_checkpoint(arch, folder)
     return folder
 
 
@@ -66,10 +63,9 @@ def child(arch: str, variant: str, batch: int, compile_only: bool) -> dict:
     shape = (batch, 3, 224, 224)
     cfg = VARIANTS[variant]
     if cfg is None:
-        sys.path.insert(0, str(REPO / "tests"))
-        from support import load_timm
+        from trtmc.random_weights import load_timm_model
 
-        model = load_timm(folder).cuda().half().to(memory_format=torch.channels_last)
+        model = load_timm_model(folder).cuda().half().to(memory_format=torch.channels_last)
         x = torch.randn(shape, device="cuda").half().to(memory_format=torch.channels_last)
         mode = "reduce-overhead" if variant == "timm_reduce_overhead" else None
         fn = torch.compile(model, mode=mode)

@@ -1,18 +1,27 @@
-"""`trtmc bench`: the command line of the benchmark harness."""
+"""`trtmc bench`: the command line of the benchmark harness.
+
+Importing this module loads neither torch, timm nor matplotlib (`trtmc --help` stays fast); the help
+text is written from the constants the run uses (scopes, baselines, protocol, oracle).
+"""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import time
+import textwrap
 from dataclasses import replace
 from pathlib import Path
 
+from ..random_weights import INSTALL
+from . import oracle, timing
+from .results import ENGINE, SCOPE_TEXT, TASK
 from .spec import (
+    BASELINE_SPECS,
     BASELINES,
     DEFAULT_BASELINES,
+    HEADLINE,
     PRECISIONS,
     BenchConfig,
+    BenchOptions,
     Entry,
     SpecError,
     TimingProtocol,
@@ -21,27 +30,33 @@ from .spec import (
 )
 
 DEFAULT_CONFIG = Path("benchmarks") / "performance.yaml"
+WIDTH = 100
 
-DESCRIPTION = """\
-Benchmark trtmc against timm in one process on one device. For each entry (a model, a precision,
-batch sizes and a protocol) it builds the bundle with `trtmc build` (timed), then times:
 
-  engine scope  device-resident input to complete float32 logits, synchronized (CUDA events);
-                trtmc replays a CUDA graph per compiled batch size
-  task scope    host RGB float32 arrays in, host logits out (image_to_class_scores: preprocessing,
-                transfer, engine, copy back; decoding the photo is not timed)
-  baselines     timm's model with the same weights, same device, same batch, engine scope:
-                eager fp32; eager in the entry's precision, channels_last;
-                torch.compile(mode="reduce-overhead") of the latter; max-autotune on request
+def _paragraph(text: str, label: str = "", indent: int = 0) -> str:
+    """`text` wrapped for the help screen, after `label` in a column `indent` wide."""
+    lead = f"  {label:{indent - 2}s}" if label else ""
+    return textwrap.fill(text, WIDTH, initial_indent=lead, subsequent_indent=" " * len(lead))
 
-Protocol per row: one first call (timed on its own: compile or graph capture), 3 warm-ups, 10
-measurements; the median is the result. A row spreading more than the margin (5%) around its
-median is re-run once, then marked unstable instead of reported. The headline is baseline ms /
-trtmc engine ms, within 1 +- margin counting as on par. Oracle: trtmc's top class on the entry's
-photo (engine scope, every batch row) must equal timm fp32 eager's, or the entry fails whatever its
-speed. Writes results.json, results.md and latency.png to --out; progress goes to stderr. Exit
-status 0 when every entry passed, 1 otherwise (wrong answer, error, unsupported architecture).
-"""
+
+def _description() -> str:
+    photos = len(oracle.photo_files()) if oracle.PHOTOS.is_dir() else None
+    return "\n\n".join([
+        _paragraph("Benchmark trtmc against timm in one process on one device. For each entry (a model, a "
+                   "precision, batch sizes and a protocol) it builds the bundle with `trtmc build` (timed), then "
+                   "times, at every batch size:"),
+        "\n".join(_paragraph(SCOPE_TEXT[scope], f"{scope} scope", 18) for scope in (ENGINE, TASK)),
+        _paragraph(f"and each baseline: timm's model with the same weights, on the same device, at the same batch "
+                   f"size, engine scope (default: {', '.join(DEFAULT_BASELINES)}; the headline ratio is {HEADLINE} "
+                   f"ms / trtmc engine ms):"),
+        "\n".join(_paragraph(BASELINE_SPECS[key].description, key, 18) for key in BASELINES),
+        _paragraph(timing.describe(TimingProtocol())),
+        _paragraph(oracle.describe(oracle.SHIPPED_PHOTOS, photos)),
+        _paragraph("Writes results.json, results.md and latency.png to --out; progress goes to stderr. Exit status "
+                   "0 when every entry passed, 1 otherwise (wrong answer, error, unsupported architecture). Needs "
+                   f"timm (random weights, baselines, oracle) and matplotlib (the plot): {INSTALL}"),
+    ])
+
 
 EPILOG = """\
 examples:
@@ -63,7 +78,7 @@ def add_bench(sub) -> None:
     p = sub.add_parser(
         "bench",
         help="benchmark bundles against timm eager and torch.compile",
-        description=DESCRIPTION,
+        description=_description(),
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -82,8 +97,8 @@ def add_bench(sub) -> None:
     what.add_argument("--batch", type=int, action="append", metavar="N",
                       help="batch size, repeatable (default for --model: 1 and 128); with a config, "
                            "overrides every entry's")
-    what.add_argument("--photo", type=Path, metavar="FILE",
-                      help="the oracle's image (default: the entry's, else examples/images/chelsea.png)")
+    what.add_argument("--photos", type=Path, metavar="DIR",
+                      help=f"the oracle's folder of images (default: the entry's, else {oracle.SHIPPED_PHOTOS})")
     what.add_argument("--random-weights", action="store_true",
                       help="write a random-weight checkpoint (Hugging Face layout) for every entry whose "
                            "model is not a local folder; needs no network")
@@ -99,17 +114,21 @@ def add_bench(sub) -> None:
                      help='also time torch.compile(mode="max-autotune") (its compile takes minutes)')
     how.add_argument("--no-baselines", action="store_true", help="time trtmc only")
     how.add_argument("--prepare-jobs", type=int, default=0, metavar="N",
-                     help="first run N entries at a time through their CPU-bound part (random weights, trtmc "
-                          "build, cold torch.compile of the baselines, filling Inductor's disk caches), then "
-                          "time every entry one after another; build times are then measured under that load")
+                     help="first run N entries at a time, each in a process of its own, through their CPU-bound "
+                          "part (random weights, trtmc build, cold torch.compile of the baselines, filling "
+                          "Inductor's disk caches), then time every entry one after another; build times are "
+                          "then measured under that load")
     how.add_argument("--prepare-only", action="store_true",
                      help="only run the CPU-bound part of each entry (with --prepare-jobs N: N at a time), then exit")
     how.add_argument("--reuse-prepared", action="store_true",
                      help="time with the bundles a --prepare-only run left in --workdir (their build times as recorded)")
-    how.add_argument("--warmups", type=int, metavar="N", help="warm-up calls per row (default 3)")
-    how.add_argument("--iters", type=int, metavar="N", help="measured calls per row (default 10)")
+    default = TimingProtocol()
+    how.add_argument("--warmups", type=int, metavar="N", help=f"warm-up rounds per row (default {default.warmups})")
+    how.add_argument("--iters", type=int, metavar="N", help=f"measured rounds per row (default {default.iters})")
     how.add_argument("--margin", type=float, metavar="F",
-                     help="stability and equivalence margin as a fraction (default 0.05)")
+                     help=f"stability and equivalence margin as a fraction (default {default.margin:g})")
+    how.add_argument("--round-ms", type=float, metavar="MS",
+                     help=f"the least length of a round of back-to-back calls (default {default.round_ms:g})")
 
     out = p.add_argument_group("output")
     out.add_argument("--out", type=Path, default=Path("bench-results"), metavar="DIR",
@@ -121,7 +140,8 @@ def add_bench(sub) -> None:
 
 
 def _protocol_overrides(args) -> dict:
-    return {k: v for k, v in (("warmups", args.warmups), ("iters", args.iters), ("margin", args.margin)) if v is not None}
+    given = (("warmups", args.warmups), ("iters", args.iters), ("margin", args.margin), ("round_ms", args.round_ms))
+    return {k: v for k, v in given if v is not None}
 
 
 def entries_from_args(args) -> tuple[Entry, ...]:
@@ -136,7 +156,7 @@ def entries_from_args(args) -> tuple[Entry, ...]:
                 model=str(Path(args.model).expanduser().resolve()) if local else args.model,
                 precision=args.precision or "fp16",
                 batch_sizes=tuple(args.batch or (1, 128)),
-                photo=args.photo,
+                photos=args.photos,
                 seed=args.seed or 0,
                 protocol=TimingProtocol(),
             ),
@@ -151,8 +171,8 @@ def entries_from_args(args) -> tuple[Entry, ...]:
             changes["precision"] = args.precision
         if args.batch:
             changes["batch_sizes"] = tuple(args.batch)
-        if args.photo:
-            changes["photo"] = args.photo
+        if args.photos:
+            changes["photos"] = args.photos
         if args.seed is not None:
             changes["seed"] = args.seed
         entries = tuple(replace(e, **changes) for e in entries)
@@ -184,45 +204,9 @@ def _baselines(args) -> tuple[str, ...]:
     return tuple(keys)
 
 
-def _prepare_in_parallel(args, entries, progress) -> None:
-    """One `trtmc bench ... --prepare-only --only NAME` subprocess per entry, `--prepare-jobs` at a time."""
-    import subprocess
-    import sys
-    from concurrent.futures import ThreadPoolExecutor
-
-    argv = _drop_options(sys.argv[1:], ("--prepare-jobs", "--only", "--workdir"))
-    workdir = str(args.workdir or args.out / "work")
-
-    def prepare(entry):
-        only = [] if args.model else ["--only", entry.name]  # --model names one entry already
-        cmd = [sys.executable, "-m", "trtmc", *argv, "--prepare-only", *only, "--workdir", workdir]
-        started = time.perf_counter()
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        status = "ok" if done.returncode == 0 else f"failed: {done.stderr.strip()[-300:]}"
-        progress(f"prepared {entry.name} in {time.perf_counter() - started:.0f} s: {status}")
-
-    progress(f"preparing {len(entries)} entries, {args.prepare_jobs} at a time")
-    with ThreadPoolExecutor(args.prepare_jobs) as pool:
-        list(pool.map(prepare, entries))
-
-
-def _drop_options(argv: list[str], names: tuple[str, ...]) -> list[str]:
-    """argv without the given `--name VALUE` options."""
-    out, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-        elif a in names:
-            skip = True
-        elif not any(a.startswith(n + "=") for n in names):
-            out.append(a)
-    return out
-
-
 def _cmd_bench(args) -> int:
     from ..progress import Progress
-    from .report import write_results
-    from .runner import BenchOptions, run_bench
+    from ..random_weights import require_timm
 
     entries = entries_from_args(args)
     if args.list:
@@ -230,24 +214,28 @@ def _cmd_bench(args) -> int:
             print(f"{e.name:28s} {e.precision}  batch {','.join(map(str, e.batch_sizes)):10s} "
                   f"{e.weights:10s} {e.model}")
         return 0
+    try:
+        require_timm()
+    except RuntimeError as exc:
+        raise RuntimeError(f"trtmc bench needs timm (random weights, baselines, the oracle): {INSTALL}") from exc
+    from .report import write_results
+    from .runner import prepare_entries, prepare_entry, run_bench
+
     options = BenchOptions(
         workdir=args.workdir or args.out / "work",
         device=args.device,
         baselines=_baselines(args),
+        reuse_bundles=args.reuse_prepared,
     )
     progress = Progress(args.quiet)
     if args.prepare_jobs > 0:
-        _prepare_in_parallel(args, entries, progress)
-        options = dataclasses.replace(options, reuse_bundles=True)
+        prepare_entries(entries, options, args.prepare_jobs, progress, quiet=args.quiet)
+        options = replace(options, reuse_bundles=True)
     elif args.prepare_only:
-        from .runner import prepare_entry
-
         for entry in entries:
             prepare_entry(entry, options, progress=lambda m, n=entry.name: progress(f"[prepare {n}] {m}"))
     if args.prepare_only:
         return 0
-    if args.reuse_prepared:
-        options = dataclasses.replace(options, reuse_bundles=True)
     progress(f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'} on {args.device}; "
              f"baselines: {', '.join(options.baselines) or 'none'}")
     result = run_bench(entries, options, progress=progress, on_result=lambda partial: write_results(partial, args.out))

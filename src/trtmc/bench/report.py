@@ -1,7 +1,10 @@
 """The bench's outputs: `results.json` (everything), `results.md` (the tables), `latency.png` (the plot).
 
-The headline of each row is the ratio baseline ms / trtmc engine ms, with the absolute times beside
-it. Unstable rows, errors and wrong answers are shown as such, never as numbers to compare.
+The headline is the ratio expert-baseline ms / trtmc engine ms, with the absolute times beside it.
+Unstable rows, errors and wrong answers are shown as such, never as numbers to compare; a wrong
+trtmc row fails its entry, so none of that entry's ratios is shown. The protocol paragraph of
+results.md is written from the same constants and functions the run used (`timing.describe`,
+`oracle.describe`, `SCOPE_TEXT`, `BASELINE_SPECS`), never by hand.
 """
 
 from __future__ import annotations
@@ -12,27 +15,21 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .runner import TRTMC, BenchResult, EntryResult, Row
-from .timing import ENGINE, TASK
 from ..files import write_bytes_atomically
+from ..random_weights import INSTALL
+from . import oracle, timing
+from .results import ENGINE, SCOPE_TEXT, TASK, TRTMC, BenchResult, EntryResult, Row
+from .sources import RANDOM_WEIGHTS_TEXT
+from .spec import BASELINE_SPECS, HEADLINE
 
 log = logging.getLogger(__name__)
 
 RESULTS_JSON = "results.json"
 RESULTS_MD = "results.md"
 PLOT_PNG = "latency.png"
-SCHEMA = 1
-# Table headers for the baselines; the entry's precision is in its own column.
-HEADERS = {
-    "eager-fp32": "timm eager fp32",
-    "eager-cl": "timm eager CL",
-    "reduce-overhead": "compile reduce-overhead",
-    "max-autotune": "compile max-autotune",
-}
-
-
+SCHEMA = 2
 # One colour per subject in every panel; trtmc's task scope is its engine colour, dashed.
-COLORS = {TRTMC: "C0", "eager-fp32": "C1", "eager-cl": "C2", "reduce-overhead": "C3", "max-autotune": "C4"}
+COLORS = {TRTMC: "C0", HEADLINE: "k", "eager-fp32": "C1", "eager-cl": "C2", "reduce-overhead": "C3", "max-autotune": "C4"}
 
 
 def _round(value: float | None, digits: int = 3) -> float | None:
@@ -43,9 +40,6 @@ def entry_to_json(result: EntryResult) -> dict[str, Any]:
     entry = result.entry
     batches = list(entry.batch_sizes)
     baselines = [s for s in result.subjects() if s != TRTMC]
-    ratios = {
-        key: {str(b): _round(result.ratio(key, b), 4) for b in batches} for key in baselines
-    }
     return {
         "name": entry.name,
         "model": entry.model,
@@ -53,7 +47,7 @@ def entry_to_json(result: EntryResult) -> dict[str, Any]:
         "batch_sizes": batches,
         "weights": result.weights or entry.weights,
         "seed": entry.seed,
-        "photo": None if entry.photo is None else str(entry.photo),
+        "photos": None if entry.photos is None else str(entry.photos),
         "protocol": asdict(entry.protocol),
         "status": result.status,
         "message": result.message,
@@ -62,11 +56,9 @@ def entry_to_json(result: EntryResult) -> dict[str, Any]:
         "build_seconds": _round(result.build_seconds, 2),
         "load_seconds": _round(result.load_seconds, 2),
         "bundle_bytes": result.bundle_bytes,
-        "oracle": {
-            "timm": None if result.reference is None else result.reference.to_json(),
-            "failures": list(result.oracle_failures),
-        },
-        "speedup": ratios,  # baseline ms / trtmc engine ms, per batch size
+        "oracle": None if result.reference is None else result.reference.to_json(),
+        "headline": {str(b): _round(result.headline(b), 4) for b in batches},  # expert ms / trtmc engine ms
+        "speedup": {key: {str(b): _round(result.ratio(key, b), 4) for b in batches} for key in baselines},
         "rows": [row.to_json() for row in result.rows],
     }
 
@@ -75,7 +67,7 @@ def to_json(result: BenchResult) -> dict[str, Any]:
     counts: dict[str, int] = {}
     for e in result.entries:
         counts[e.status] = counts.get(e.status, 0) + 1
-    unstable = sum(1 for e in result.entries for r in e.rows if r.status == "unstable")
+    rows = [r for e in result.entries for r in e.rows]
     return {
         "schema": SCHEMA,
         "started": result.started,
@@ -86,7 +78,14 @@ def to_json(result: BenchResult) -> dict[str, Any]:
             "baselines": list(result.options.baselines),
             "workdir": str(result.options.workdir),
         },
-        "summary": {"entries": len(result.entries), **counts, "unstable_rows": unstable},
+        "summary": {
+            "entries": len(result.entries),
+            **counts,
+            "unstable_rows": sum(1 for r in rows if r.status == "unstable"),
+            "wrong_rows": sum(1 for r in rows if r.status == "wrong"),
+            "headline": {e.entry.name: {str(b): _round(e.headline(b), 4) for b in e.entry.batch_sizes}
+                         for e in result.entries},
+        },
         "entries": [entry_to_json(e) for e in result.entries],
     }
 
@@ -100,53 +99,131 @@ def _ms(value: float) -> str:
 
 
 def _cell(row: Row | None) -> str:
+    """A row's own time, or what it is instead of a result."""
     if row is None:
         return ""
     if row.status == "error":
         return "error"
+    if row.status == "wrong":
+        return f"**wrong** on {row.verdict.wrong_photos}/{row.verdict.photos} photos"
     if row.status == "unstable":
         return f"unstable (±{row.timing.spread:.0%})"
     return _ms(row.median_ms)
 
 
-def _ratio_cell(result: EntryResult, key: str, batch: int) -> str:
-    row = result.row(key, ENGINE, batch)
-    if row is None:
-        return ""
-    if row.status != "ok":
-        return _cell(row)
-    ratio = result.ratio(key, batch)
-    if ratio is None:
-        return f"— ({_ms(row.median_ms)})"
+def _ratio_text(result: EntryResult, ratio: float) -> str:
     verdict = result.verdict(ratio)
     text = f"{ratio:.2f}×"
-    text = f"**{text}**" if verdict == "faster" else f"{text} {verdict}" if verdict == "slower" else f"{text} ≈"
-    return f"{text} ({_ms(row.median_ms)})"
+    return f"**{text}**" if verdict == "faster" else f"{text} {verdict}" if verdict == "slower" else f"{text} ≈"
+
+
+def _ratio_cell(result: EntryResult, key: str, batch: int) -> str:
+    row = result.row(key, ENGINE, batch)
+    if row is None or row.status != "ok":
+        return _cell(row)
+    ratio = result.ratio(key, batch)
+    if ratio is None:  # trtmc's row is not a result, or the entry failed
+        return f"— ({_ms(row.median_ms)})"
+    return f"{_ratio_text(result, ratio)} ({_ms(row.median_ms)})"
 
 
 def _oracle_cell(result: EntryResult, batch: int) -> str:
-    if result.reference is None:
-        return ""
-    ours = [result.row(TRTMC, scope, batch) for scope in (ENGINE, TASK)]
-    judged = [r for r in ours if r is not None and r.status != "error"]
+    ours = [r for r in (result.row(TRTMC, scope, batch) for scope in (ENGINE, TASK)) if r is not None]
+    judged = [r for r in ours if r.verdict is not None]
     if not judged:
         return "—"
-    wrong = [r for r in judged if r.top_classes != (result.reference.top_class,) or not r.finite]
+    wrong = [r for r in judged if not r.verdict.right]
     if wrong:
-        got = ",".join(str(c) for c in wrong[0].top_classes)
-        return f"**WRONG** {got}≠{result.reference.top_class}"
-    return f"ok {result.reference.top_class}"
+        return "**WRONG** " + ", ".join(f"{r.scope} {r.verdict.wrong_photos}/{r.verdict.photos}" for r in wrong)
+    return f"right {judged[0].verdict.photos}/{judged[0].verdict.photos}"
+
+
+def _protocol_lines(result: BenchResult) -> list[str]:
+    entries = result.entries
+    protocols = list(dict.fromkeys(e.entry.protocol for e in entries))
+    if len(protocols) == 1:
+        protocol = timing.describe(protocols[0])
+    else:
+        protocol = " ".join(f"{e.entry.name}: {timing.describe(e.entry.protocol)}" for e in entries)
+    clocks: dict[str, set[str]] = {}
+    for r in (r for e in entries for r in e.rows if r.timing is not None):
+        clocks.setdefault(r.scope, set()).add(r.timing.clock)
+    lines = [protocol, ""]
+    lines += [f"- **{scope}** scope: {SCOPE_TEXT[scope]}; clock: {', '.join(sorted(clocks.get(scope, {'none ran'})))}."
+              for scope in (ENGINE, TASK)]
+    lines += [f"- **{BASELINE_SPECS[key].header}**: {BASELINE_SPECS[key].description}." for key in result.options.baselines]
+    counts = {len(e.reference.photos) for e in entries if e.reference is not None}
+    folders = {str(e.entry.photos or oracle.SHIPPED_PHOTOS) for e in entries}
+    if counts:
+        lines += ["", oracle.describe(", ".join(sorted(folders)), counts.pop() if len(counts) == 1 else None)]
+    if any(e.weights == "random" for e in entries):
+        lines += ["", RANDOM_WEIGHTS_TEXT]
+    lines += [
+        "",
+        f"Each baseline cell is *baseline ms / trtmc engine ms* (bold: trtmc faster by more than the margin; "
+        f"≈: within it), with the baseline's time beside it; **{BASELINE_SPECS[HEADLINE].header}** is the headline.",
+    ]
+    return lines
+
+
+def _headline_lines(result: BenchResult) -> list[str]:
+    label = BASELINE_SPECS[HEADLINE].header
+    lines = [f"| model | precision | batch | oracle | trtmc engine | {label} | {label} ms / trtmc ms |", "|---|---|---|---|---|---|---|"]
+    for e in result.entries:
+        for batch in e.entry.batch_sizes if e.rows else ():
+            ours, theirs = e.row(TRTMC, ENGINE, batch), e.row(HEADLINE, ENGINE, batch)
+            ratio = e.headline(batch)
+            cells = [e.entry.name, e.entry.precision, str(batch), _oracle_cell(e, batch), _cell(ours), _cell(theirs),
+                     "—" if ratio is None else _ratio_text(e, ratio)]
+            lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _build_lines(result: BenchResult) -> list[str]:
+    lines = [
+        "| model | architecture | weights | engine | build | load | bundle | first call of each compiled baseline |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for e in result.entries:
+        compiled = []
+        for key in result.options.baselines:
+            seconds = e.first_call_seconds(key) if not key.startswith("eager") else {}
+            if seconds:
+                compiled.append(f"{key}: " + ", ".join(f"b{b} {s:.1f} s" for b, s in seconds.items()))
+        cells = [
+            e.entry.name,
+            e.architecture or "",
+            e.weights or e.entry.weights,
+            e.engine_key or "",
+            "" if e.build_seconds is None else f"{e.build_seconds:.1f} s",
+            "" if e.load_seconds is None else f"{e.load_seconds:.1f} s",
+            "" if e.bundle_bytes is None else f"{e.bundle_bytes / 1e6:.1f} MB",
+            "; ".join(compiled),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines + [
+        "",
+        "Build: `trtmc build` on the bench device, wall time. Load: opening the bundle and capturing its",
+        "CUDA graphs, in the bench process (warmer than a fresh one).",
+    ]
+
+
+def _row_lines(result: BenchResult) -> list[str]:
+    lines = ["| model | row | scope | batch | median | spread | calls per round | attempts | oracle |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for e in result.entries:
+        for r in e.rows:
+            t = r.timing
+            cells = [e.entry.name, r.label, r.scope, str(r.batch)]
+            cells += ["", "", "", ""] if t is None else [_ms(t.median_ms), f"{t.spread:.1%}", str(t.calls_per_round), str(t.attempts)]
+            cells.append(r.error or ("" if r.verdict is None else r.verdict.describe()))
+            lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 def to_markdown(result: BenchResult) -> str:
     env = result.environment
     baselines = list(result.options.baselines)
-    protocols = {(e.entry.protocol.warmups, e.entry.protocol.iters, e.entry.protocol.margin) for e in result.entries}
-    if len(protocols) == 1:
-        warmups, iters, margin = protocols.pop()
-        protocol = f"{warmups} warm-up calls then {iters} measured calls per row, median reported; margin {margin:.0%}"
-    else:
-        protocol = "per-entry protocols (see results.json); median reported"
     lines = [
         "# trtmc bench",
         "",
@@ -154,18 +231,15 @@ def to_markdown(result: BenchResult) -> str:
         + (f" · timm {env['timm']}" if "timm" in env else "")
         + f" · {result.started} · {result.seconds / 60:.1f} min",
         "",
-        f"Protocol: {protocol}. A row whose samples stray further than the margin from their median is",
-        "re-run once, then shown as unstable. **engine**: device-resident input to complete float32 logits,",
-        "synchronized (CUDA events on a GPU; trtmc replays a CUDA graph per batch size). **task**: the",
-        "decoded photo as host RGB float32 arrays in, host logits out (image_to_class_scores: resize, crop,",
-        "normalize, transfer, engine, copy back). Each baseline cell is",
-        "*baseline ms / trtmc engine ms* (bold: trtmc faster by more than the margin; ≈: within it),",
-        "with the baseline's time beside it. Oracle: trtmc's engine top class on the photo must be",
-        "timm fp32 eager's; a wrong answer fails the entry whatever its speed.",
+        "## Headline: trtmc's engine against the expert baseline",
+        "",
+        *_headline_lines(result),
+        "",
+        "## Every row",
         "",
     ]
     header = ["model", "precision", "batch", "oracle", "trtmc engine", "trtmc task"]
-    header += [f"vs {HEADERS.get(k, k)}" for k in baselines]
+    header += [f"vs {BASELINE_SPECS[k].header}" for k in baselines]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     notes = []
     for e in result.entries:
@@ -191,49 +265,30 @@ def to_markdown(result: BenchResult) -> str:
         for r in e.rows:
             if r.status == "error" and not (e.status == "error" and r.subject == TRTMC):  # already in the message
                 notes.append(f"- {e.entry.name}: {r.label} {r.scope} batch {r.batch}: {r.error}")
-    lines += ["", "## Builds", ""]
-    lines += [
-        "| model | architecture | weights | engine | build | load | bundle | first call of each compiled baseline |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for e in result.entries:
-        compiled = []
-        for key in baselines:
-            if key.startswith("eager"):
-                continue
-            seconds = e.first_call_seconds(key)
-            if seconds:
-                compiled.append(f"{key}: " + ", ".join(f"b{b} {s:.1f} s" for b, s in seconds.items()))
-        lines.append(
-            "| "
-            + " | ".join(
-                [
-                    e.entry.name,
-                    e.architecture or "",
-                    e.weights or e.entry.weights,
-                    e.engine_key or "",
-                    "" if e.build_seconds is None else f"{e.build_seconds:.1f} s",
-                    "" if e.load_seconds is None else f"{e.load_seconds:.1f} s",
-                    "" if e.bundle_bytes is None else f"{e.bundle_bytes / 1e6:.1f} MB",
-                    "; ".join(compiled),
-                ]
-            )
-            + " |"
-        )
-    lines += [
-        "",
-        "Build: `trtmc build` on the bench device, wall time. Load: opening the bundle and capturing its",
-        "CUDA graphs, in the bench process (warmer than a fresh one).",
-    ]
+            elif r.status == "wrong" and r.subject != TRTMC:
+                notes.append(f"- {e.entry.name}: {r.label} batch {r.batch} answers wrong: {r.verdict.describe()}")
+    lines += ["", "## Protocol", "", *_protocol_lines(result)]
+    lines += ["", "## Builds", "", *_build_lines(result)]
+    lines += ["", "## Rows", "", *_row_lines(result)]
     if notes:
         lines += ["", "## Problems", ""] + notes
     return "\n".join(lines) + "\n"
 
 
-def plot(result: BenchResult, path: Path) -> Path | None:
-    """Median latency against batch size, one panel per model; None (with a warning) without matplotlib.
+def _panel_title(e: EntryResult) -> str:
+    title = f"{e.entry.name} {e.entry.precision}"
+    if e.status != "passed":
+        return title + f" [{e.status.upper()}]"
+    ratios = [(b, e.headline(b)) for b in e.entry.batch_sizes]
+    shown = ", ".join(f"b{b} {r:.2f}×" for b, r in ratios if r is not None)
+    return title + (f"\n{BASELINE_SPECS[HEADLINE].header} / trtmc: {shown}" if shown else "")
 
-    Unstable medians are drawn as hollow markers: visible, but marked as not being results.
+
+def plot(result: BenchResult, path: Path) -> Path | None:
+    """Median latency against batch size, one panel per model, the headline ratio in each title; None
+    (with a warning) without matplotlib.
+
+    Unstable and wrong rows are drawn as hollow markers: visible, but marked as not being results.
     """
     try:
         import matplotlib
@@ -242,12 +297,12 @@ def plot(result: BenchResult, path: Path) -> Path | None:
         import matplotlib.pyplot as plt
         from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
     except ImportError:
-        log.warning("matplotlib is not installed, so %s is not drawn: pip install matplotlib", path.name)
+        log.warning("matplotlib is not installed, so %s is not drawn: %s", path.name, INSTALL)
         return None
     panels = [e for e in result.entries if any(r.timing is not None for r in e.rows)]
     columns = max(1, min(3, len(panels)))
     rows = max(1, -(-len(panels) // columns))
-    fig, axes = plt.subplots(rows, columns, figsize=(5.2 * columns, 3.8 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, columns, figsize=(5.2 * columns, 3.9 * rows), squeeze=False)
     for ax, e in zip(axes.flat, panels):
         series: dict[tuple[str, str], list[Row]] = {}
         for r in e.rows:
@@ -255,20 +310,21 @@ def plot(result: BenchResult, path: Path) -> Path | None:
                 series.setdefault((r.label, r.scope), []).append(r)
         for (label, scope), points in series.items():
             points.sort(key=lambda r: r.batch)
-            trtmc = points[0].subject == TRTMC
-            color = COLORS.get(points[0].subject, "C7")
+            subject = points[0].subject
+            bold = subject in (TRTMC, HEADLINE)
+            color = COLORS.get(subject, "C7")
             ax.plot(
                 [r.batch for r in points],
                 [r.timing.median_ms for r in points],
                 marker="o",
                 linestyle="--" if scope == TASK else "-",
-                linewidth=2.2 if trtmc else 1.2,
+                linewidth=2.2 if bold else 1.2,
                 color=color,
-                label=f"{label} ({scope})" if trtmc else label,
+                label=f"{label} ({scope})" if subject == TRTMC else label,
             )
-            unstable = [r for r in points if r.status == "unstable"]
-            if unstable:
-                ax.plot([r.batch for r in unstable], [r.timing.median_ms for r in unstable], linestyle="none",
+            hollow = [r for r in points if r.status in ("unstable", "wrong")]
+            if hollow:
+                ax.plot([r.batch for r in hollow], [r.timing.median_ms for r in hollow], linestyle="none",
                         marker="o", markersize=9, markerfacecolor="white", markeredgecolor=color)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -278,10 +334,7 @@ def plot(result: BenchResult, path: Path) -> Path | None:
         # Label minor ticks only within a decade: over wider ranges they pile up.
         ax.yaxis.set_minor_formatter(FormatStrFormatter("%g") if max(values) < 10 * min(values) else NullFormatter())
         ax.set_xticks(list(e.entry.batch_sizes), [str(b) for b in e.entry.batch_sizes])
-        title = f"{e.entry.name} {e.entry.precision}"
-        if e.status != "passed":
-            title += f" [{e.status.upper()}]"
-        ax.set_title(title, fontsize=10)
+        ax.set_title(_panel_title(e), fontsize=10)
         ax.set_xlabel("batch size")
         ax.set_ylabel("median latency (ms)")
         ax.grid(True, which="both", alpha=0.3)
@@ -291,7 +344,7 @@ def plot(result: BenchResult, path: Path) -> Path | None:
     if not panels:
         axes.flat[0].text(0.5, 0.5, "no timings (see results.md)", ha="center", va="center")
     device = result.environment.get("device_name", result.environment["device"])
-    fig.suptitle(f"trtmc bench: {device} (hollow markers: unstable, not results)", fontsize=11)
+    fig.suptitle(f"trtmc bench: {device} (hollow markers: unstable or wrong, not results)", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

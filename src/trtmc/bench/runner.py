@@ -1,13 +1,14 @@
-"""Running one entry: build, time trtmc in both scopes, time the baselines, then judge the answers.
+"""Running one entry: prepare every row, time them all together, then judge every row's answers.
 
-The order inside an entry is fixed: timm's fp32 reference on the CPU (the oracle's answer), the
-build, trtmc's engine and task scopes at every batch size, then each baseline at every batch size
-(compiled baselines one at a time, so their caches never mix). Argmax and finiteness are read from
-each row's last output only after its timing is done. A trtmc top class that differs from timm's
-fails the entry whatever its speed; a row that errors is recorded and the run goes on.
+The order inside an entry: timm's fp32 answers on the oracle's photos (on the CPU), the build, then
+every row prepared (trtmc's engine and task scopes and each baseline, at every batch size), its first
+call timed on its own (compile, graph capture); then all rows timed together, round by round
+(`timing.time_interleaved`); then the oracle on every row, untimed. A wrong trtmc row fails the
+entry whatever its speed; a wrong baseline row is reported as wrong, with no ratio; a row that
+errors is recorded and the run goes on.
 
 What is timed for trtmc is a `Target`; `Target.from_runtime` adapts a loaded bundle, and tests may
-build one around any torch module to exercise the harness without compiling.
+build one around any torch module (the `prepare` parameter) to exercise the harness without compiling.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import json
 import logging
 import platform
 import time
-from dataclasses import dataclass, field
+from concurrent.futures import Executor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -26,23 +28,26 @@ import torch
 
 from .. import __version__
 from ..preprocess import PreprocessSpec
-from .baselines import describe, make_baseline
-from .spec import BASELINES, DEFAULT_BASELINES, Entry, SpecError, TimingProtocol
-from .timing import ENGINE, TASK, Timer, Timing, default_timer, synchronize, time_row
-from .weights import ModelSource, Reference, load_timm_model, reference, resolve_source
+from ..random_weights import load_timm_model, timm_pixels
+from . import oracle
+from .baselines import COMPILED, make_baseline
+from .results import ENGINE, TASK, TRTMC, BenchResult, EntryResult, Row
+from .sources import ModelSource, resolve_source
+from .spec import BASELINE_SPECS, BenchOptions, Entry
+from .timing import Clock, CudaEventClock, HostClock, TimedCall, Timing, synchronize, time_interleaved
 
 log = logging.getLogger(__name__)
 
-TRTMC = "trtmc"
-REPO_PHOTO = Path(__file__).resolve().parents[3] / "examples" / "images" / "chelsea.png"
-
 Progress = Callable[[str], None]
-# (subject, scope, batch, device) -> the timer for that row; tests pass scripted timers.
-TimerFor = Callable[[str, str, int, str], Timer]
+# (subject, scope, batch, device) -> the clock for that row; tests pass scripted clocks.
+ClockFor = Callable[[str, str, int, str], Clock]
 
 
-def _default_timer_for(subject: str, scope: str, batch: int, device: str) -> Timer:
-    return default_timer(scope, device)
+def default_clock_for(subject: str, scope: str, batch: int, device: str) -> Clock:
+    """CUDA events for the engine scope on a GPU; the host clock otherwise (the task scope ends on the host)."""
+    if scope == ENGINE and str(device).startswith("cuda"):
+        return CudaEventClock()
+    return HostClock(device)
 
 
 def _quiet(message: str) -> None:
@@ -50,32 +55,12 @@ def _quiet(message: str) -> None:
 
 
 @dataclass(frozen=True)
-class BenchOptions:
-    workdir: Path  # random-weight checkpoints and bundles go here
-    device: str = "cuda"
-    baselines: tuple[str, ...] = DEFAULT_BASELINES
-    reuse_bundles: bool = False  # use bundles (and their recorded build times) from a prepare phase
-
-    def validate(self) -> None:
-        if self.device not in ("cpu", "cuda"):
-            raise SpecError(f"--device {self.device!r}: choose cuda or cpu")
-        if self.device == "cuda" and not torch.cuda.is_available():
-            raise SpecError(
-                "--device cuda: PyTorch sees no CUDA GPU here; pass --device cpu to exercise the harness "
-                "(its times are then CPU times)"
-            )
-        for key in self.baselines:
-            if key not in BASELINES:
-                raise SpecError(f"--baseline {key!r}: choose from {', '.join(BASELINES)}")
-
-
-@dataclass(frozen=True)
 class Target:
     """trtmc as timed: the engine (device pixels -> float32 device logits) and the task around it."""
 
     engine: Callable[[torch.Tensor], torch.Tensor]
-    task: Callable[[list], np.ndarray]  # image files -> host float32 logits [N, classes]
-    preprocess: PreprocessSpec  # turns the photo into the engine scope's pixels
+    task: Callable[[list], np.ndarray]  # host RGB float32 HWC arrays -> host float32 logits [N, classes]
+    preprocess: PreprocessSpec  # turns the photos into the engine scope's pixels
     device: str
     input_dtype: torch.dtype = torch.float32
     batch_sizes: tuple[int, ...] | None = None  # the engine's compiled sizes; None: any batch up to max_batch
@@ -97,16 +82,24 @@ class Target:
             device=runtime.device,
             input_dtype=TORCH_DTYPES[runtime.graph.inputs[0].type.dtype],
             batch_sizes=None if runtime.dynamic_batch else tuple(runtime.batch_sizes),
-            max_batch=getattr(runtime, "max_batch", None),
+            max_batch=runtime.max_batch,
             key=runtime.choice.key,
             **facts,
         )
 
+    def unserved(self, batch: int) -> str | None:
+        """Why the engine cannot run `batch`, or None."""
+        if self.batch_sizes is not None and batch not in self.batch_sizes:
+            return f"the engine is compiled for batch sizes {list(self.batch_sizes)}, not {batch}"
+        if self.max_batch is not None and batch > self.max_batch:
+            return f"the engine serves batches up to {self.max_batch}, not {batch}"
+        return None
 
-def build_target(entry: Entry, source: ModelSource, options: BenchOptions, progress: Progress) -> Target:
-    """`trtmc build` for the entry on the bench device (timed), then the bundle loaded and warmed."""
+
+def build_bundle_for(entry: Entry, source: ModelSource, options: BenchOptions, progress: Progress) -> tuple[Path, float]:
+    """`trtmc build` for the entry on the bench device, timed; with `reuse_bundles`, the bundle (and
+    its recorded build time) that a prepare phase left in the work folder."""
     from ..build import BuildRequest, build_bundle
-    from ..runtime import Runtime
 
     bundles = Path(options.workdir) / "bundles"
     bundles.mkdir(parents=True, exist_ok=True)
@@ -119,16 +112,23 @@ def build_target(entry: Entry, source: ModelSource, options: BenchOptions, progr
     )
     record = request.output.with_suffix(".build.json")
     if options.reuse_bundles and record.is_file() and request.output.is_file():
-        path = request.output
         build_seconds = json.loads(record.read_text())["build_seconds"]
-        progress(f"using the prepared bundle {path} (built in {build_seconds:.1f} s)")
-    else:
-        progress(f"building ({entry.precision}, {options.device}, max batch {entry.max_batch})")
-        started = time.perf_counter()
-        path = build_bundle(request, lambda message: progress(f"build: {message}"))
-        build_seconds = time.perf_counter() - started
-        record.write_text(json.dumps({"build_seconds": round(build_seconds, 2)}))
+        progress(f"using the prepared bundle {request.output} (built in {build_seconds:.1f} s)")
+        return request.output, build_seconds
+    progress(f"building ({entry.precision}, {options.device}, max batch {entry.max_batch})")
+    started = time.perf_counter()
+    path = build_bundle(request, lambda message: progress(f"build: {message}"))
+    build_seconds = time.perf_counter() - started
+    record.write_text(json.dumps({"build_seconds": round(build_seconds, 2)}))
     progress(f"built in {build_seconds:.1f} s: {path} ({path.stat().st_size / 1e6:.1f} MB)")
+    return path, build_seconds
+
+
+def build_target(entry: Entry, source: ModelSource, options: BenchOptions, progress: Progress) -> Target:
+    """The entry's bundle built (or reused), loaded and warmed: every CUDA graph captured before timing."""
+    from ..runtime import Runtime
+
+    path, build_seconds = build_bundle_for(entry, source, options, progress)
     started = time.perf_counter()
     runtime = Runtime.open(path, engine="inductor")
     warm_up = getattr(runtime.engine, "warm_up", None)
@@ -146,254 +146,172 @@ Prepare = Callable[[Entry, ModelSource, BenchOptions, Progress], Target]
 
 
 @dataclass(frozen=True)
-class Row:
-    """One subject timed at one batch size in one scope."""
+class Contender:
+    """One row before it runs: the timed work (its input already in place), the oracle's question
+    (every photo, in chunks of the row's batch size: logits [photos, classes]) and its clock."""
 
-    subject: str  # "trtmc" or a baseline key
+    subject: str
     label: str
-    scope: str  # "engine" or "task"
+    scope: str
     batch: int
-    timing: Timing | None = None
-    first_call_s: float | None = None  # the untimed first call: compile / graph capture for compiled subjects
-    top_classes: tuple[int, ...] = ()  # distinct argmax over the batch's rows (every row is the photo)
-    finite: bool | None = None
-    error: str | None = None
+    tolerance: float  # the oracle's, for this row's precision and input
+    call: Callable[[], Any]
+    answer: Callable[[], torch.Tensor]
+    clock: Clock
 
     @property
-    def status(self) -> str:
-        if self.error is not None or self.timing is None:
-            return "error"
-        return "ok" if self.timing.stable else "unstable"
+    def key(self) -> tuple[str, str, int]:
+        return (self.subject, self.scope, self.batch)
 
-    @property
-    def median_ms(self) -> float | None:
-        """The result, or None when the row is not one (unstable or errored)."""
-        return self.timing.median_ms if self.status == "ok" else None
-
-    def to_json(self) -> dict:
-        return {
-            "subject": self.subject,
-            "label": self.label,
-            "scope": self.scope,
-            "batch": self.batch,
-            "status": self.status,
-            "median_ms": None if self.median_ms is None else round(self.median_ms, 5),
-            "first_call_s": None if self.first_call_s is None else round(self.first_call_s, 3),
-            "top_classes": list(self.top_classes),
-            "finite": self.finite,
-            "error": self.error,
-            "timing": None if self.timing is None else self.timing.to_json(),
-        }
+    def failed(self, error: str, first_call_s: float | None = None) -> Row:
+        return Row(self.subject, self.label, self.scope, self.batch, first_call_s=first_call_s, error=error)
 
 
 @dataclass(frozen=True)
-class EntryResult:
-    entry: Entry
-    status: str  # passed | failed (wrong answer) | error | unsupported
-    message: str = ""
-    architecture: str | None = None
-    weights: str | None = None
-    engine_key: str | None = None
-    build_seconds: float | None = None
-    load_seconds: float | None = None
-    bundle_bytes: int | None = None
-    reference: Reference | None = None
-    oracle_failures: tuple[str, ...] = ()
-    rows: tuple[Row, ...] = ()
-    margin: float = 0.05
+class Photos:
+    """The oracle's photos in the three forms the rows take them."""
 
-    def row(self, subject: str, scope: str, batch: int) -> Row | None:
-        return next((r for r in self.rows if (r.subject, r.scope, r.batch) == (subject, scope, batch)), None)
+    files: tuple[Path, ...]
+    timm_pixels: torch.Tensor  # timm's eval transform: the reference's and the baselines' input
+    trtmc_pixels: torch.Tensor  # trtmc's preprocessing: the engine scope's input
+    decoded: tuple[np.ndarray, ...]  # host RGB float32 HWC in [0, 1]: the task scope's input
 
-    def subjects(self) -> list[str]:
-        return list(dict.fromkeys(r.subject for r in self.rows))
+    @classmethod
+    def load(cls, files: tuple[Path, ...], folder: Path, preprocess: PreprocessSpec) -> "Photos":
+        from PIL import Image
 
-    def ratio(self, baseline: str, batch: int) -> float | None:
-        """baseline ms / trtmc engine ms: the headline; None unless both rows are results and the answer was right."""
-        if self.status != "passed":
-            return None
-        ours, theirs = self.row(TRTMC, ENGINE, batch), self.row(baseline, ENGINE, batch)
-        if ours is None or theirs is None or ours.median_ms is None or theirs.median_ms is None:
-            return None
-        return theirs.median_ms / ours.median_ms
-
-    def verdict(self, ratio: float) -> str:
-        if ratio > 1 + self.margin:
-            return "faster"
-        if ratio < 1 - self.margin:
-            return "slower"
-        return "on par"
-
-    def first_call_seconds(self, subject: str) -> dict[int, float]:
-        return {r.batch: r.first_call_s for r in self.rows if r.subject == subject and r.scope == ENGINE and r.first_call_s is not None}
+        trtmc, decoded = [], []
+        for path in files:
+            with Image.open(path) as image:
+                rgb = image.convert("RGB")
+            trtmc.append(preprocess.from_pil(rgb))
+            decoded.append(np.asarray(rgb, dtype=np.float32) / np.float32(255.0))
+        return cls(files, timm_pixels(folder, files), torch.stack(trtmc), tuple(decoded))
 
 
-def _photo(entry: Entry) -> Path:
-    if entry.photo is not None:
-        return Path(entry.photo)
-    if REPO_PHOTO.is_file():
-        return REPO_PHOTO
-    raise SpecError(f"{entry.name}: no photo given and {REPO_PHOTO} is not here; pass --photo FILE or set 'photo:'")
+def _cycled(items, batch: int):
+    """`batch` inputs drawn from the photos in turn: what a timed call is given."""
+    if isinstance(items, torch.Tensor):
+        return items[torch.arange(batch) % len(items)]
+    return [items[i % len(items)] for i in range(batch)]
 
 
-def _logits(output: Any) -> torch.Tensor:
-    tensor = torch.from_numpy(output) if isinstance(output, np.ndarray) else output
-    return tensor.detach().float().reshape(tensor.shape[0], -1).cpu()
+# An entry's rows in their order: a Contender to run, or the Row of one that cannot run.
+Plan = list["Contender | Row"]
 
 
-def time_subject(
-    subject: str,
-    label: str,
-    scope: str,
-    batch: int,
-    fn: Callable[[], Any],
-    protocol: TimingProtocol,
-    timer: Timer,
-    device: str,
-) -> Row:
-    """The first call (timed on its own), the protocol, then the answer read from the last output."""
-    try:
-        started = time.perf_counter()
-        fn()
-        synchronize(device)
-        first_call_s = time.perf_counter() - started
-        timing, output = time_row(fn, protocol, timer, lambda: synchronize(device))
-        logits = _logits(output)
-        return Row(
-            subject,
-            label,
-            scope,
-            batch,
-            timing,
-            first_call_s,
-            tuple(sorted(set(logits.argmax(-1).tolist()))),
-            bool(torch.isfinite(logits).all()),
-        )
-    except Exception as exc:  # a crashing subject is a result to report, not the end of the run
-        log.debug("%s %s batch %d failed", label, scope, batch, exc_info=True)
-        return Row(subject, label, scope, batch, error=f"{type(exc).__name__}: {exc}")
+def _trtmc_plan(entry: Entry, target: Target, photos: Photos, clock_for: ClockFor) -> Plan:
+    plan: Plan = []
+    label = f"trtmc {entry.precision}"
+    device = target.device
+    for batch in entry.batch_sizes:
+        problem = target.unserved(batch)
+        if problem is not None:
+            plan.append(Row(TRTMC, label, ENGINE, batch, error=problem))
+        else:
+            x = _cycled(photos.trtmc_pixels, batch).to(device, target.input_dtype).contiguous()
+            plan.append(Contender(
+                TRTMC, label, ENGINE, batch, oracle.tolerance(entry.precision),
+                call=lambda x=x: target.engine(x),
+                answer=lambda b=batch: oracle.in_chunks(
+                    lambda chunk: target.engine(chunk.to(device, target.input_dtype).contiguous()),
+                    photos.trtmc_pixels, b, pad=True),
+                clock=clock_for(TRTMC, ENGINE, batch, device),
+            ))
+        images = _cycled(list(photos.decoded), batch)
+        plan.append(Contender(
+            TRTMC, label, TASK, batch, oracle.tolerance(entry.precision, arrays_in=True),
+            call=lambda images=images: target.task(images),
+            answer=lambda b=batch: oracle.in_chunks(target.task, list(photos.decoded), b, pad=False),
+            clock=clock_for(TRTMC, TASK, batch, device),
+        ))
+    return plan
 
 
-def _describe_row(row: Row) -> str:
+def _baseline_plan(entry: Entry, options: BenchOptions, model, photos: Photos, clock_for: ClockFor) -> Plan:
+    plan: Plan = []
+    device = options.device
+    for key in options.baselines:
+        try:
+            baseline = make_baseline(key, model, entry.precision, device)
+        except Exception as exc:
+            log.debug("baseline %s failed", key, exc_info=True)
+            label = BASELINE_SPECS[key].label(entry.precision)
+            plan += [Row(key, label, ENGINE, b, error=f"{type(exc).__name__}: {exc}") for b in entry.batch_sizes]
+            continue
+        for batch in entry.batch_sizes:
+            x = baseline.prepare(_cycled(photos.timm_pixels, batch).to(device))
+            plan.append(Contender(
+                key, baseline.label, ENGINE, batch, oracle.tolerance(baseline.precision),
+                call=lambda baseline=baseline, x=x: baseline(x),
+                answer=lambda baseline=baseline, b=batch: oracle.in_chunks(
+                    lambda chunk: baseline(baseline.prepare(chunk.to(device))), photos.timm_pixels, b, pad=True),
+                clock=clock_for(key, ENGINE, batch, device),
+            ))
+    return plan
+
+
+def _first_call(contender: Contender, device: str) -> float:
+    started = time.perf_counter()
+    contender.call()
+    synchronize(device)
+    return time.perf_counter() - started
+
+
+def _describe(row: Row) -> str:
     if row.status == "error":
         return f"error: {row.error}"
     t = row.timing
-    text = f"{t.median_ms:.3f} ms (spread {t.spread:.1%}"
+    text = f"{t.median_ms:.3f} ms (spread {t.spread:.1%}, {t.calls_per_round} calls per round"
     text += ", re-run" if t.attempts > 1 else ""
     text += ")" if t.stable else "): unstable"
+    if row.verdict is not None:
+        text += f"; {row.verdict.describe()}"
     return text
 
 
-def _oracle(ref: Reference, rows: list[Row]) -> list[str]:
-    failures = []
-    for row in rows:
-        if row.subject != TRTMC or row.scope != ENGINE or row.status == "error":
+def time_and_judge(plan: Plan, entry: Entry, ref: oracle.Reference, device: str, progress: Progress) -> list[Row]:
+    """Each contender's first call (timed on its own), then all of them timed interleaved, then judged;
+    the rows in the plan's order."""
+    rows: dict[tuple, Row] = {}
+    first_calls: dict[tuple, float] = {}
+    ready = []
+    for c in plan:
+        if isinstance(c, Row):
+            progress(f"{c.label} {c.scope}, batch {c.batch}: {_describe(c)}")
             continue
-        where = f"{row.scope} scope, batch {row.batch}"
-        if not row.finite:
-            failures.append(f"{where}: non-finite logits")
-        if row.top_classes != (ref.top_class,):
-            got = ", ".join(str(c) for c in row.top_classes)
-            failures.append(f"{where}: top class {got} where timm's is {ref.top_class}")
-    return failures
+        try:
+            first_calls[c.key] = _first_call(c, device)
+            ready.append(c)
+        except Exception as exc:  # a crashing row is a result to report, not the end of the entry
+            log.debug("%s %s batch %d failed", c.label, c.scope, c.batch, exc_info=True)
+            rows[c.key] = c.failed(f"{type(exc).__name__}: {exc}")
+            progress(f"{c.label} {c.scope}, batch {c.batch}: {_describe(rows[c.key])}")
+    progress(f"timing {len(ready)} rows interleaved, round by round")
+    outcome = time_interleaved({c.key: TimedCall(c.call, c.clock) for c in ready}, entry.protocol)
+    for c in ready:
+        first = first_calls[c.key]
+        if c.key in outcome.errors:
+            rows[c.key] = c.failed(outcome.errors[c.key], first)
+        else:
+            rows[c.key] = _judged(c, outcome.timings[c.key], first, ref)
+        progress(f"{c.label} {c.scope}, batch {c.batch}: {_describe(rows[c.key])}")
+    return [c if isinstance(c, Row) else rows[c.key] for c in plan]
+
+
+def _judged(c: Contender, timing: Timing, first_call_s: float, ref: oracle.Reference) -> Row:
+    try:
+        verdict = oracle.judge(c.answer(), ref, c.tolerance)
+    except Exception as exc:
+        log.debug("the oracle's run of %s %s batch %d failed", c.label, c.scope, c.batch, exc_info=True)
+        return c.failed(f"answering the oracle: {type(exc).__name__}: {exc}", first_call_s)
+    return Row(c.subject, c.label, c.scope, c.batch, timing, first_call_s, verdict)
 
 
 def _free(device: str) -> None:
     gc.collect()
     if str(device).startswith("cuda"):
         torch.cuda.empty_cache()
-
-
-def run_entry(
-    entry: Entry,
-    options: BenchOptions,
-    *,
-    prepare: Prepare = build_target,
-    timer_for: TimerFor = _default_timer_for,
-    progress: Progress = _quiet,
-) -> EntryResult:
-    """Build, time and judge one entry; every failure becomes the entry's status, never an exception."""
-    facts: dict[str, Any] = {"margin": entry.protocol.margin}
-    try:
-        photo = _photo(entry)
-        progress(f"checkpoint: {entry.model} ({entry.weights} weights)")
-        source = resolve_source(entry.model, entry.weights, options.workdir, entry.seed)
-        facts.update(architecture=source.architecture, weights=source.weights)
-        unsupported = _unsupported(source.architecture, entry.precision)
-        if unsupported:
-            progress(f"skipped: {unsupported}")
-            return EntryResult(entry, "unsupported", unsupported, **facts)
-        timm_model = load_timm_model(source.folder)
-        ref = reference(timm_model, source.folder, photo)
-        facts["reference"] = ref
-        progress(f"timm fp32 top class on {photo.name}: {ref.top_class} (top-2 gap {ref.gap:.3g})")
-        with torch.no_grad():
-            target = prepare(entry, source, options, progress)
-            facts.update(
-                engine_key=target.key,
-                build_seconds=target.build_seconds,
-                load_seconds=target.load_seconds,
-                bundle_bytes=target.bundle_bytes,
-            )
-            from PIL import Image
-
-            with Image.open(photo) as image:
-                pixels = target.preprocess.from_pil(image).unsqueeze(0)
-            rows = _time_trtmc(entry, target, pixels, photo, timer_for, progress)
-            del target
-            _free(options.device)
-            rows += _time_baselines(entry, options, timm_model, pixels, timer_for, progress)
-        del timm_model
-        _free(options.device)
-    except KeyboardInterrupt:
-        raise
-    except Exception as exc:
-        log.debug("%s failed", entry.name, exc_info=True)
-        progress(f"error: {type(exc).__name__}: {exc}")
-        return EntryResult(entry, "error", f"{type(exc).__name__}: {exc}", **facts)
-
-    failures = _oracle(ref, rows)
-    broken = [r for r in rows if r.subject == TRTMC and r.status == "error"]
-    if failures:
-        status = "failed"
-        message = "wrong answer: " + "; ".join(failures) + f" (timm's top-2 logit gap on the photo: {ref.gap:.3g})"
-    elif broken:
-        status, message = "error", "; ".join(f"trtmc {r.scope} batch {r.batch}: {r.error}" for r in broken)
-    else:
-        status, message = "passed", ""
-    progress(f"{status}{': ' + message if message else ''}")
-    return EntryResult(entry, status, message, oracle_failures=tuple(failures), rows=tuple(rows), **facts)
-
-
-def source_input_size(folder: Path) -> tuple[int, int, int]:
-    from ..checkpoint import Checkpoint
-
-    return Checkpoint(folder).config.pretrained.input_size
-
-
-def prepare_entry(entry: Entry, options: BenchOptions, progress: Progress = _quiet) -> None:
-    """The slow, CPU-bound part of an entry, so several can run in parallel before timing: random
-    weights, the trtmc build (its time recorded beside the bundle) and the cold compiles of the
-    torch.compile baselines, which fill Inductor's on-disk caches for the timed run."""
-    source = resolve_source(entry.model, entry.weights, options.workdir, entry.seed)
-    if _unsupported(source.architecture, entry.precision):
-        return
-    with torch.no_grad():
-        build_target(entry, source, options, progress)
-        _free(options.device)
-        compiled = [k for k in options.baselines if k in ("reduce-overhead", "max-autotune")]
-        if not compiled:
-            return
-        timm_model = load_timm_model(source.folder).to(options.device)
-        pixels = torch.zeros((1,) + tuple(source_input_size(source.folder)))
-        for key in compiled:
-            baseline = make_baseline(key, timm_model, entry.precision, options.device)
-            for batch in entry.batch_sizes:
-                x = baseline.prepare(pixels.expand(batch, -1, -1, -1).to(options.device))
-                for _ in range(3):
-                    baseline.call(x)
-                synchronize(options.device)
-                progress(f"prepared {key} batch {batch}")
 
 
 def _unsupported(architecture: str, precision: str) -> str | None:
@@ -408,68 +326,132 @@ def _unsupported(architecture: str, precision: str) -> str | None:
     return None
 
 
-def _time_trtmc(entry, target: Target, pixels, photo: Path, timer_for: TimerFor, progress: Progress) -> list[Row]:
-    from PIL import Image
-
-    with Image.open(photo) as image:
-        decoded = np.asarray(image.convert("RGB"), dtype=np.float32) / np.float32(255.0)
-    rows = []
-    label = f"trtmc {entry.precision}"
-    for batch in entry.batch_sizes:
-        if target.batch_sizes is not None and batch not in target.batch_sizes:
-            error = f"the engine is compiled for batch sizes {list(target.batch_sizes)}, not {batch}"
-            row = Row(TRTMC, label, ENGINE, batch, error=error)
-        elif target.max_batch is not None and batch > target.max_batch:
-            row = Row(TRTMC, label, ENGINE, batch, error=f"the engine serves batches up to {target.max_batch}, not {batch}")
-        else:
-            x = pixels.expand(batch, -1, -1, -1).to(target.device, target.input_dtype).contiguous()
-            row = time_subject(
-                TRTMC, label, ENGINE, batch, lambda: target.engine(x), entry.protocol,
-                timer_for(TRTMC, ENGINE, batch, target.device), target.device,
+def run_entry(
+    entry: Entry,
+    options: BenchOptions,
+    *,
+    prepare: Prepare = build_target,
+    clock_for: ClockFor = default_clock_for,
+    progress: Progress = _quiet,
+) -> EntryResult:
+    """Build, time and judge one entry; every failure becomes the entry's status, never an exception."""
+    facts: dict[str, Any] = {"margin": entry.protocol.margin}
+    try:
+        files = oracle.photo_files(entry.photos)
+        progress(f"checkpoint: {entry.model} ({entry.weights} weights)")
+        source = resolve_source(entry.model, entry.weights, options.workdir, entry.seed, files)
+        facts.update(architecture=source.architecture, weights=source.weights)
+        unsupported = _unsupported(source.architecture, entry.precision)
+        if unsupported:
+            progress(f"skipped: {unsupported}")
+            return EntryResult(entry, "unsupported", unsupported, **facts)
+        timm_model = load_timm_model(source.folder)
+        with torch.no_grad():
+            target = prepare(entry, source, options, progress)
+            facts.update(
+                engine_key=target.key,
+                build_seconds=target.build_seconds,
+                load_seconds=target.load_seconds,
+                bundle_bytes=target.bundle_bytes,
             )
-            del x
-        progress(f"{label} engine, batch {batch}: {_describe_row(row)}")
-        rows.append(row)
-        # Host RGB float32 arrays in [0, 1]: preprocessing, transfer, inference and the copy back are
-        # timed; decoding the JPEG is not (it is the caller's, and would dominate at batch 128).
-        images = [decoded] * batch
-        row = time_subject(
-            TRTMC, label, TASK, batch, lambda: target.task(images), entry.protocol,
-            timer_for(TRTMC, TASK, batch, target.device), target.device,
-        )
-        progress(f"{label} task, batch {batch}: {_describe_row(row)}")
-        rows.append(row)
-    return rows
+            photos = Photos.load(files, source.folder, target.preprocess)
+            ref = oracle.reference(timm_model, photos.timm_pixels, files)
+            facts["reference"] = ref
+            progress(f"timm fp32 answers on {len(files)} photos: the oracle's reference")
+            model = timm_model.to(options.device).eval()
+            plan = _trtmc_plan(entry, target, photos, clock_for)
+            plan += _baseline_plan(entry, options, model, photos, clock_for)
+            rows = time_and_judge(plan, entry, ref, options.device, progress)
+            del plan, target, model
+        del timm_model
+        _free(options.device)
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:
+        log.debug("%s failed", entry.name, exc_info=True)
+        progress(f"error: {type(exc).__name__}: {exc}")
+        return EntryResult(entry, "error", f"{type(exc).__name__}: {exc}", **facts)
+
+    status, message = _entry_status(rows)
+    progress(f"{status}{': ' + message if message else ''}")
+    return EntryResult(entry, status, message, rows=tuple(rows), **facts)
 
 
-def _time_baselines(entry, options: BenchOptions, timm_model, pixels, timer_for: TimerFor, progress: Progress) -> list[Row]:
-    rows = []
-    device = options.device
-    model = timm_model.to(device).eval()
-    for key in options.baselines:
-        label = describe(key, entry.precision)
-        try:
-            baseline = make_baseline(key, model, entry.precision, device)
-        except Exception as exc:
-            log.debug("baseline %s failed", key, exc_info=True)
+def _entry_status(rows: list[Row]) -> tuple[str, str]:
+    ours = [r for r in rows if r.subject == TRTMC]
+    wrong = [r for r in ours if r.status == "wrong"]
+    if wrong:
+        return "failed", "wrong answer: " + "; ".join(f"trtmc {r.scope} batch {r.batch}: {r.verdict.describe()}" for r in wrong)
+    broken = [r for r in ours if r.status == "error"]
+    if broken:
+        return "error", "; ".join(f"trtmc {r.scope} batch {r.batch}: {r.error}" for r in broken)
+    return "passed", ""
+
+
+def prepare_entry(entry: Entry, options: BenchOptions, progress: Progress = _quiet) -> None:
+    """The slow, CPU-bound part of an entry, so that several can run at once before timing: random
+    weights, the trtmc build (its time recorded beside the bundle) and the cold compiles of the
+    compiled baselines, which fill Inductor's on-disk caches for the timed run."""
+    files = oracle.photo_files(entry.photos)
+    source = resolve_source(entry.model, entry.weights, options.workdir, entry.seed, files)
+    if _unsupported(source.architecture, entry.precision):
+        return
+    build_bundle_for(entry, source, options, progress)
+    compiled = [k for k in options.baselines if k in COMPILED]
+    if not compiled:
+        return
+    from ..checkpoint import Checkpoint
+
+    with torch.no_grad():
+        model = load_timm_model(source.folder).to(options.device)
+        pixels = torch.zeros((1,) + tuple(Checkpoint(source.folder).config.pretrained.input_size), device=options.device)
+        for key in compiled:
+            baseline = make_baseline(key, model, entry.precision, options.device)
             for batch in entry.batch_sizes:
-                rows.append(Row(key, label, ENGINE, batch, error=f"{type(exc).__name__}: {exc}"))
-            progress(f"{label}: error: {exc}")
-            continue
-        for batch in entry.batch_sizes:
-            x = baseline.prepare(pixels.expand(batch, -1, -1, -1).to(device))
-            row = time_subject(
-                key, label, ENGINE, batch, lambda: baseline.call(x), entry.protocol,
-                timer_for(key, ENGINE, batch, device), device,
-            )
-            del x
-            suffix = f", first call {row.first_call_s:.1f} s" if row.first_call_s and row.first_call_s > 1 else ""
-            progress(f"{label}, batch {batch}: {_describe_row(row)}{suffix}")
-            rows.append(row)
-        del baseline
-        _free(device)
-    timm_model.cpu()
-    return rows
+                baseline(baseline.prepare(pixels.expand(batch, -1, -1, -1)))
+                synchronize(options.device)
+                progress(f"compiled {key} batch {batch}")
+            del baseline
+            _free(options.device)
+
+
+def _prepare_in_child(entry: Entry, options: BenchOptions, quiet: bool) -> None:
+    from ..progress import Progress
+
+    say = Progress(quiet)
+    prepare_entry(entry, options, lambda message: say(f"[prepare {entry.name}] {message}"))
+
+
+def prepare_entries(
+    entries: tuple[Entry, ...] | list[Entry],
+    options: BenchOptions,
+    jobs: int,
+    progress: Progress = _quiet,
+    *,
+    quiet: bool = False,
+    executor: Executor | None = None,
+) -> dict[str, str]:
+    """`prepare_entry` for every entry, `jobs` at a time, each in a spawned process of its own
+    (the compiles are CPU-bound and hold the GIL; CUDA does not survive a fork). Returns the error of
+    each entry that failed; its timing then builds it again. `executor` replaces the process pool."""
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from multiprocessing import get_context
+
+    progress(f"preparing {len(entries)} entries, {jobs} at a time")
+    pool = executor or ProcessPoolExecutor(jobs, mp_context=get_context("spawn"))
+    started = time.perf_counter()
+    failures: dict[str, str] = {}
+    with pool:
+        futures = {pool.submit(_prepare_in_child, entry, options, quiet): entry.name for entry in entries}
+        for future in as_completed(futures):
+            name = futures[future]
+            try:
+                future.result()
+                progress(f"prepared {name} ({time.perf_counter() - started:.0f} s since the start)")
+            except Exception as exc:
+                failures[name] = f"{type(exc).__name__}: {exc}"
+                progress(f"preparing {name} failed: {failures[name]}")
+    return failures
 
 
 def environment(device: str) -> dict[str, Any]:
@@ -503,26 +485,12 @@ def environment(device: str) -> dict[str, Any]:
     return env
 
 
-@dataclass(frozen=True)
-class BenchResult:
-    environment: dict[str, Any]
-    options: BenchOptions
-    entries: tuple[EntryResult, ...]
-    started: str
-    seconds: float
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        return all(e.status == "passed" for e in self.entries)
-
-
 def run_bench(
     entries: tuple[Entry, ...] | list[Entry],
     options: BenchOptions,
     *,
     prepare: Prepare = build_target,
-    timer_for: TimerFor = _default_timer_for,
+    clock_for: ClockFor = default_clock_for,
     progress: Progress = _quiet,
     on_result: Callable[[BenchResult], None] | None = None,
 ) -> BenchResult:
@@ -536,7 +504,7 @@ def run_bench(
     for index, entry in enumerate(entries, 1):
         prefix = f"[{index}/{len(entries)} {entry.name}]"
         results.append(
-            run_entry(entry, options, prepare=prepare, timer_for=timer_for, progress=lambda m, p=prefix: progress(f"{p} {m}"))
+            run_entry(entry, options, prepare=prepare, clock_for=clock_for, progress=lambda m, p=prefix: progress(f"{p} {m}"))
         )
         if on_result is not None:
             on_result(BenchResult(environment(options.device), options, tuple(results), started_at,

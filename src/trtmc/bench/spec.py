@@ -1,10 +1,11 @@
-"""What `trtmc bench` runs: the timing protocol and one frozen `Entry` per model, read from YAML.
+"""What `trtmc bench` runs: the timing protocol, the baselines, the run's options, and one frozen
+`Entry` per model, read from YAML.
 
 The file has three top-level keys; `defaults` fills every field an entry leaves out, and relative
-paths (`model:` folders, `photo:`) are resolved against the YAML file's own folder:
+paths (`model:` folders, `photos:`) are resolved against the YAML file's own folder:
 
-    protocol: {warmups: 3, iters: 10, margin: 0.05}
-    defaults: {precision: fp16, batch: [1, 128], weights: checkpoint, photo: ../examples/images/chelsea.png}
+    protocol: {warmups: 3, iters: 10, margin: 0.05, round_ms: 20}
+    defaults: {precision: fp16, batch: [1, 128], weights: checkpoint, photos: ../examples/images}
     entries:
       - model: timm/ghostnet_100.in1k          # HF id, local folder, or timm architecture name
       - name: lite0-real                       # optional; defaults to the model's short name
@@ -27,13 +28,51 @@ from ..precision import COMPUTE_PRECISIONS
 PRECISIONS = COMPUTE_PRECISIONS
 WEIGHTS = ("checkpoint", "random")
 MAX_BATCH = 4096
-# timm baselines (trtmc.bench.baselines makes them); max-autotune is opt-in: its compile takes minutes.
-BASELINES = ("eager-fp32", "eager-cl", "reduce-overhead", "max-autotune")
-DEFAULT_BASELINES = ("eager-fp32", "eager-cl", "reduce-overhead")
+
+
+@dataclass(frozen=True)
+class BaselineSpec:
+    """A baseline in words: its table column, its label (`{precision}` filled in) and what it runs."""
+
+    header: str
+    label_template: str
+    description: str
+
+    def label(self, precision: str) -> str:
+        return self.label_template.format(precision=precision)
+
+
+# timm's model as a user would run it (trtmc.bench.baselines makes them). `expert` is the headline: the
+# fastest a user writes by hand without trtmc. max-autotune is opt-in: its compile takes minutes.
+BASELINE_SPECS = {
+    "expert": BaselineSpec(
+        "expert",
+        "expert {precision} CL",
+        "timm in the entry's precision, channels_last, torch.compile (default mode), replayed in one manual "
+        "torch.cuda.CUDAGraph per batch size from a static input buffer (on a CPU: the compiled model, called)",
+    ),
+    "eager-fp32": BaselineSpec("timm eager fp32", "timm eager fp32", "timm eager, fp32, contiguous input"),
+    "eager-cl": BaselineSpec(
+        "timm eager CL", "timm eager {precision} CL", "timm eager in the entry's precision, channels_last"
+    ),
+    "reduce-overhead": BaselineSpec(
+        "compile reduce-overhead",
+        "compile reduce-overhead {precision} CL",
+        'torch.compile(mode="reduce-overhead") of the channels_last model in the entry\'s precision',
+    ),
+    "max-autotune": BaselineSpec(
+        "compile max-autotune",
+        "compile max-autotune {precision} CL",
+        'torch.compile(mode="max-autotune") of the channels_last model in the entry\'s precision',
+    ),
+}
+BASELINES = tuple(BASELINE_SPECS)
+DEFAULT_BASELINES = ("expert", "eager-fp32", "eager-cl", "reduce-overhead")
+HEADLINE = "expert"  # the headline ratio: this baseline's ms / trtmc's engine ms
 
 TOP_KEYS = ("protocol", "defaults", "entries")
-PROTOCOL_KEYS = ("warmups", "iters", "margin")
-ENTRY_KEYS = ("name", "model", "precision", "batch", "weights", "photo", "seed", "protocol")
+PROTOCOL_KEYS = ("warmups", "iters", "margin", "round_ms")
+ENTRY_KEYS = ("name", "model", "precision", "batch", "weights", "photos", "seed", "protocol")
 DEFAULT_KEYS = tuple(k for k in ENTRY_KEYS if k not in ("name", "model"))
 
 
@@ -43,24 +82,30 @@ class SpecError(ValueError):
 
 @dataclass(frozen=True)
 class TimingProtocol:
-    """Per row: `warmups` untimed calls, then `iters` timed ones; the median is the result.
+    """Per row: `warmups` untimed rounds, then `iters` timed ones; the median sample is the result.
 
-    `margin` is both the stability bound (a row whose samples stray further than this fraction from
-    their median is re-run once, then marked unstable) and the equivalence margin (a speed ratio
-    within 1 +- margin counts as on par).
+    A round is back-to-back calls lasting at least `round_ms` (the warm-ups calibrate how many calls
+    that takes); its sample is the round's time divided by its calls. `margin` is both the stability
+    bound (a row whose samples stray further than this fraction from their median is re-run once,
+    then marked unstable) and the equivalence margin (a speed ratio within 1 +- margin counts as on par).
     """
 
     warmups: int = 3
     iters: int = 10
     margin: float = 0.05
+    round_ms: float = 20.0
 
     def validate(self, where: str) -> None:
-        if not _is_int(self.warmups) or self.warmups < 0:
-            raise SpecError(f"{where}: 'warmups' must be an integer >= 0, got {self.warmups!r}")
+        if not _is_int(self.warmups) or self.warmups < 1:
+            raise SpecError(
+                f"{where}: 'warmups' must be an integer >= 1 (they calibrate the calls per round), got {self.warmups!r}"
+            )
         if not _is_int(self.iters) or self.iters < 3:
             raise SpecError(f"{where}: 'iters' must be an integer >= 3 (a median needs samples), got {self.iters!r}")
         if isinstance(self.margin, bool) or not isinstance(self.margin, (int, float)) or not 0 < self.margin < 1:
             raise SpecError(f"{where}: 'margin' must be a fraction between 0 and 1 (0.05 is 5%), got {self.margin!r}")
+        if isinstance(self.round_ms, bool) or not isinstance(self.round_ms, (int, float)) or not self.round_ms > 0:
+            raise SpecError(f"{where}: 'round_ms' must be a positive number of milliseconds, got {self.round_ms!r}")
 
 
 @dataclass(frozen=True)
@@ -72,7 +117,7 @@ class Entry:
     precision: str = "fp16"
     batch_sizes: tuple[int, ...] = (1, 128)
     weights: str = "checkpoint"  # or "random": a random-weight checkpoint written for the architecture
-    photo: Path | None = None  # the oracle's image; None: the photo shipped with trtmc
+    photos: Path | None = None  # the oracle's folder of images; None: the photos shipped with trtmc
     seed: int = 0  # for random weights
     protocol: TimingProtocol = field(default_factory=TimingProtocol)
 
@@ -97,12 +142,37 @@ class Entry:
             raise SpecError(f"{where}: 'batch' lists a size twice: {list(self.batch_sizes)!r}")
         if not _is_int(self.seed) or self.seed < 0:
             raise SpecError(f"{where}: 'seed' must be an integer >= 0, got {self.seed!r}")
-        if self.photo is not None and not Path(self.photo).is_file():
-            raise SpecError(f"{where}: 'photo' {self.photo}: no such image file")
+        if self.photos is not None and not Path(self.photos).is_dir():
+            raise SpecError(f"{where}: 'photos' {self.photos}: no such folder (the oracle's images)")
         self.protocol.validate(f"{where}: protocol")
 
     def with_random_weights(self) -> "Entry":
         return replace(self, weights="random")
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """How a bench run goes, whatever its entries: where it writes, on which device, against what."""
+
+    workdir: Path  # random-weight checkpoints and bundles go here
+    device: str = "cuda"
+    baselines: tuple[str, ...] = DEFAULT_BASELINES
+    reuse_bundles: bool = False  # use bundles (and their recorded build times) from a prepare phase
+
+    def validate(self) -> None:
+        if self.device not in ("cpu", "cuda"):
+            raise SpecError(f"--device {self.device!r}: choose cuda or cpu")
+        if self.device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise SpecError(
+                    "--device cuda: PyTorch sees no CUDA GPU here; pass --device cpu to exercise the harness "
+                    "(its times are then CPU times)"
+                )
+        for key in self.baselines:
+            if key not in BASELINES:
+                raise SpecError(f"--baseline {key!r}: choose from {', '.join(BASELINES)}")
 
 
 @dataclass(frozen=True)
@@ -207,16 +277,16 @@ def parse_config(raw: Any, path: Path | None = None) -> BenchConfig:
         merged = {**{k: v for k, v in defaults.items() if k != "protocol"}, **item}
         if isinstance(model, str) and _is_local(model, base):
             model = _resolve(model, base)
-        photo = merged.get("photo")
-        if photo is not None and not isinstance(photo, str):
-            raise SpecError(f"{label}: 'photo' must be a path to an image file, got {photo!r}")
+        photos = merged.get("photos")
+        if photos is not None and not isinstance(photos, str):
+            raise SpecError(f"{label}: 'photos' must be the path of a folder of images, got {photos!r}")
         entry = Entry(
             name=merged.get("name", default_name(model) if isinstance(model, str) else ""),
             model=model,
             precision=merged.get("precision", "fp16"),
             batch_sizes=_batch(merged.get("batch", [1, 128]), label),
             weights=merged.get("weights", "checkpoint"),
-            photo=Path(_resolve(photo, base)) if photo else None,
+            photos=Path(_resolve(photos, base)) if photos else None,
             seed=merged.get("seed", 0),
             protocol=_protocol(item.get("protocol"), protocol, f"{label}: protocol"),
         )

@@ -1,33 +1,90 @@
-"""The timing protocol: warm-ups, measurements, the median, and one re-run of an unstable row.
+"""The timing protocol: rounds of back-to-back calls, interleaved across rows, one re-run of an unstable row.
 
-A `Timer` runs a zero-argument function once and returns `(milliseconds, output)`. The real ones
-are CUDA events around the call (device time, synchronized on the end event) and the host clock
-with device synchronization on both sides; tests pass a scripted timer to exercise the protocol.
-Outputs are only kept, never inspected here: argmax and finiteness checks happen after timing.
+A row is a zero-argument call and the `Clock` that times it. A clock times one round: `calls`
+back-to-back calls, returning the round's milliseconds; a sample is that divided by the calls, so a
+sub-millisecond engine is timed over a round long enough for the clock (a single call timed with CUDA
+events around a Python call mostly measures the launch). `time_interleaved` runs every row's warm-up
+rounds (which calibrate its calls per round), then measured round r of every row before round r+1 of
+any, so that clock changes and a busy neighbour hit all rows alike. Outputs are not kept: what the
+rows answer is judged elsewhere, after timing.
+
+Nothing here imports torch until a real clock runs; `describe` turns a protocol into the words the
+help and the report print, so the text cannot drift from the numbers that ran.
 """
 
 from __future__ import annotations
 
+import gc
+import math
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
-
-import torch
+from typing import Any, Callable, Hashable, Mapping, Protocol, TypeVar
 
 from .spec import TimingProtocol
 
-Timer = Callable[[Callable[[], Any]], "tuple[float, Any]"]
-ENGINE, TASK = "engine", "task"
-SCOPES = (ENGINE, TASK)
+# A round never grows past this many calls, whatever a clock reports (a zero reading included).
+MAX_CALLS_PER_ROUND = 100_000
+
+
+class Clock(Protocol):
+    """Times `calls` back-to-back calls of `fn`: milliseconds for the whole round."""
+
+    name: str
+
+    def __call__(self, fn: Callable[[], Any], calls: int) -> float: ...
+
+
+class CudaEventClock:
+    """Device time between CUDA events recorded around the round, waited for on the end event."""
+
+    name = "CUDA events around the round"
+
+    def __call__(self, fn: Callable[[], Any], calls: int) -> float:
+        import torch
+
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+
+
+class HostClock:
+    """Host time of the round, with the device synchronized before and after it."""
+
+    def __init__(self, device: str = "cpu") -> None:
+        self.device = str(device)
+        self.name = "host clock, device synchronized" if self.device.startswith("cuda") else "host clock"
+
+    def __call__(self, fn: Callable[[], Any], calls: int) -> float:
+        synchronize(self.device)
+        started = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        synchronize(self.device)
+        return (time.perf_counter() - started) * 1e3
+
+
+def synchronize(device: str) -> None:
+    if str(device).startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
 
 
 @dataclass(frozen=True)
 class Timing:
-    """The samples of one row. `discarded_ms` holds a first, unstable attempt that was re-run."""
+    """The samples of one row (ms per call, one per round). `discarded_ms` holds a first, unstable
+    attempt that was re-run."""
 
     samples_ms: tuple[float, ...]
+    calls_per_round: int
     margin: float
+    clock: str
     attempts: int = 1
     discarded_ms: tuple[float, ...] = ()
 
@@ -51,6 +108,8 @@ class Timing:
             "max_ms": round(max(self.samples_ms), 5),
             "spread": round(self.spread, 5),
             "stable": self.stable,
+            "calls_per_round": self.calls_per_round,
+            "clock": self.clock,
             "attempts": self.attempts,
             "samples_ms": [round(s, 5) for s in self.samples_ms],
             "discarded_ms": [round(s, 5) for s in self.discarded_ms],
@@ -69,73 +128,100 @@ def within(samples, margin: float) -> bool:
     return spread(samples) <= margin + 1e-9  # tolerate float rounding at the boundary
 
 
-def synchronize(device: str) -> None:
-    if str(device).startswith("cuda"):
-        torch.cuda.synchronize()
+@dataclass(frozen=True)
+class TimedCall:
+    """One row to time: the work (inputs already in place) and the clock for it."""
+
+    fn: Callable[[], Any]
+    clock: Clock
 
 
-def _no_sync() -> None:
-    return None
+K = TypeVar("K", bound=Hashable)
 
 
-def measure(fn: Callable[[], Any], protocol: TimingProtocol, timer: Timer, sync: Callable[[], None] = _no_sync):
-    """`protocol.warmups` untimed calls, then `protocol.iters` timed ones: (samples in ms, last output)."""
-    for _ in range(protocol.warmups):
-        fn()
-    sync()
-    samples: list[float] = []
-    output = None
-    for _ in range(protocol.iters):
-        output = None  # drop the previous output first: CUDA-graph pools may reuse its memory
-        ms, output = timer(fn)
-        samples.append(float(ms))
-    return tuple(samples), output
+@dataclass(frozen=True)
+class Outcome:
+    """What `time_interleaved` found: a timing per row that ran, an error per row that raised."""
+
+    timings: Mapping[Any, Timing]
+    errors: Mapping[Any, str]
 
 
-def time_row(fn: Callable[[], Any], protocol: TimingProtocol, timer: Timer, sync: Callable[[], None] = _no_sync):
-    """One row of the protocol: measured, and re-run once if its samples spread beyond the margin.
+def calls_for(round_ms: float, calls: int, measured_ms: float) -> int:
+    """The calls a round needs to last `round_ms`, from a round of `calls` calls that took `measured_ms`."""
+    if measured_ms <= 0:
+        return min(calls * 10, MAX_CALLS_PER_ROUND)
+    return max(1, min(math.ceil(calls * round_ms / measured_ms), MAX_CALLS_PER_ROUND))
 
-    Returns `(Timing, last output)`; a row still unstable after the re-run has `stable == False`
-    and is reported as unstable, not as a result.
+
+def time_interleaved(rows: Mapping[K, TimedCall], protocol: TimingProtocol) -> Outcome:
+    """Warm-up rounds (calibrating each row's calls per round), then `protocol.iters` measured rounds,
+    every row once per round in the order given; rows whose samples spread beyond the margin get
+    their measured rounds once more (interleaved among themselves), and keep that second attempt.
+
+    A row whose call raises is dropped from the rounds that follow, with its error recorded; the
+    other rows go on. Python's garbage collector is paused for the rounds (after one collection), as
+    timeit does: a collection would otherwise land in one row's round, at random.
     """
-    samples, output = measure(fn, protocol, timer, sync)
-    if within(samples, protocol.margin):
-        return Timing(samples, protocol.margin), output
-    first = samples
-    samples, output = measure(fn, protocol, timer, sync)
-    return Timing(samples, protocol.margin, attempts=2, discarded_ms=first), output
+    gc.collect()
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        return _rounds(rows, protocol)
+    finally:
+        if paused:
+            gc.enable()
 
 
-def cuda_event_timer() -> Timer:
-    """Device time between two CUDA events recorded around the call, waited for on the end event."""
-    start = torch.cuda.Event(enable_timing=True)
-    end = torch.cuda.Event(enable_timing=True)
+def _rounds(rows: Mapping[K, TimedCall], protocol: TimingProtocol) -> Outcome:
+    errors: dict[K, str] = {}
+    calls = {key: 1 for key in rows}
 
-    def timer(fn: Callable[[], Any]):
-        start.record()
-        output = fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end), output
+    def round_of(key: K) -> float | None:
+        row = rows[key]
+        try:
+            return float(row.clock(row.fn, calls[key]))
+        except Exception as exc:  # a crashing row is a result to report, not the end of the entry
+            errors[key] = f"{type(exc).__name__}: {exc}"
+            return None
 
-    return timer
+    for _ in range(protocol.warmups):
+        for key in [k for k in rows if k not in errors]:
+            ms = round_of(key)
+            if ms is not None:
+                calls[key] = calls_for(protocol.round_ms, calls[key], ms)
+
+    def attempt(keys: list[K]) -> dict[K, list[float]]:
+        samples: dict[K, list[float]] = {key: [] for key in keys}
+        for _ in range(protocol.iters):
+            for key in [k for k in keys if k not in errors]:
+                ms = round_of(key)
+                if ms is not None:
+                    samples[key].append(ms / calls[key])
+        return {key: s for key, s in samples.items() if key not in errors}
+
+    first = attempt([k for k in rows if k not in errors])
+    unstable = [key for key, s in first.items() if not within(s, protocol.margin)]
+    second = attempt(unstable) if unstable else {}
+    timings = {}
+    for key, samples in first.items():
+        name = rows[key].clock.name
+        if key in second:
+            timings[key] = Timing(tuple(second[key]), calls[key], protocol.margin, name, 2, tuple(samples))
+        elif key not in errors:
+            timings[key] = Timing(tuple(samples), calls[key], protocol.margin, name)
+    return Outcome(timings, errors)
 
 
-def wall_timer(device: str = "cpu") -> Timer:
-    """Host time of the call, with the device synchronized before and after it."""
-
-    def timer(fn: Callable[[], Any]):
-        synchronize(device)
-        started = time.perf_counter()
-        output = fn()
-        synchronize(device)
-        return (time.perf_counter() - started) * 1e3, output
-
-    return timer
-
-
-def default_timer(scope: str, device: str) -> Timer:
-    """CUDA events for the engine scope on a GPU; the host clock otherwise (the task scope ends on the host)."""
-    if scope == ENGINE and str(device).startswith("cuda"):
-        return cuda_event_timer()
-    return wall_timer(device)
+def describe(protocol: TimingProtocol) -> str:
+    """The protocol in words, from its own numbers (the help text and results.md print this)."""
+    return (
+        f"Every row is prepared first (its first call, timed on its own, compiles or captures), then timed "
+        f"in rounds of back-to-back calls: {protocol.warmups} warm-up rounds set the calls per round so that "
+        f"a round lasts at least {protocol.round_ms:g} ms, then {protocol.iters} measured rounds give one sample "
+        f"each (the round's time divided by its calls); the median sample is the result. The rows of an entry "
+        f"are interleaved round by round, so drift hits all of them alike; Python's garbage collector is paused "
+        f"meanwhile. A row whose samples stray further "
+        f"than {protocol.margin:.0%} from their median is measured once more, then shown as unstable instead "
+        f"of as a result. A speed ratio within 1 ± {protocol.margin:g} counts as on par."
+    )
