@@ -1,7 +1,7 @@
 """`trtmc bench` on the CPU: the protocol, the oracle, unstable and wrong rows, output files, YAML validation.
 
-Nothing here compiles: the inductor backend's compiler is replaced by trtmc's uncompiled torch
-module (the real build, bundle, runtime and task run around it), torch.compile by the identity, and
+Nothing here compiles: trtmc is benched through its reference engine, the uncompiled graph (the real
+build, bundle, runtime and task run around it), torch.compile is the identity, and
 the protocol tests feed scripted clocks. GPU speed is measured by running `trtmc bench` on the GPU machine.
 """
 
@@ -102,37 +102,22 @@ def few_photos(tmp_path_factory):
 
 @pytest.fixture
 def uncompiled(monkeypatch):
-    """The inductor backend with its compile step replaced by trtmc's uncompiled graph module.
-
-    `uncompiled.wrap` post-processes the engine's logits (a wrong engine); `uncompiled.calls` counts them.
-    """
-    from trtmc.backends import BuiltEngine, inductor
-    from trtmc.backends.torch_lowering import GraphModule
+    """Bench options build the reference engine (trtmc's uncompiled graph: nothing compiles), and the
+    engine's forward is observed: `uncompiled.wrap` post-processes its logits (a wrong engine),
+    `uncompiled.calls` counts its calls."""
+    from trtmc.backends.reference import ReferenceEngine
 
     class Fake:
         wrap = staticmethod(lambda logits: logits)
         calls = 0
 
-    def build(graph, spec, progress):
-        return BuiltEngine(spec, {"uncompiled.txt": b"no compile in the tests"}, {"batch_sizes": [1, spec.max_batch]})
+    forward = ReferenceEngine._forward
 
-    class Engine:  # like the CPU engine: any batch up to the build's max batch
-        dynamic_batch = True
+    def observed(self, pixels):
+        Fake.calls += 1
+        return Fake.wrap(forward(self, pixels))
 
-        def __init__(self, graph, max_batch):
-            self.module = GraphModule(graph).eval()
-            self.max_batch = max_batch
-
-        def __call__(self, pixels):
-            Fake.calls += 1
-            with torch.no_grad():
-                return Fake.wrap(self.module(pixels).float())
-
-    def load(files, record, graph, device):
-        return Engine(graph, max(record["batch_sizes"]))
-
-    monkeypatch.setattr(inductor, "build", build)
-    monkeypatch.setattr(inductor, "load", load)
+    monkeypatch.setattr(ReferenceEngine, "_forward", observed)
     return Fake
 
 
@@ -148,7 +133,7 @@ def tiny_entry(folder, photos=None, **changes):
 
 
 def options(tmp_path, baselines=("eager-fp32", "eager-cl")):
-    return BenchOptions(workdir=tmp_path / "work", device="cpu", baselines=baselines)
+    return BenchOptions(workdir=tmp_path / "work", device="cpu", baselines=baselines, backend="reference")
 
 
 def bench_result(entries, tmp_path, baselines=("eager-fp32", "eager-cl")):
@@ -312,7 +297,7 @@ def test_entry_times_both_scopes_and_every_baseline_interleaved_and_judges_each_
     opts = options(tmp_path, baselines=("expert", "eager-fp32", "eager-cl", "reduce-overhead"))
     result = run_entry(tiny_entry(tiny, protocol=PROTOCOL, batch_sizes=(1, 4)), opts, clock_for=FAST)
     assert result.status == "passed", result.message
-    assert result.architecture == "regnetx_002" and result.engine_key == "inductor-cpu-fp32"
+    assert result.architecture == "regnetx_002" and result.engine_key == "reference-cpu-fp32"
     assert result.build_seconds > 0 and result.bundle_bytes > 0
     assert [(r.subject, r.scope, r.batch) for r in result.rows] == [
         (TRTMC, ENGINE, 1), (TRTMC, TASK, 1), (TRTMC, ENGINE, 4), (TRTMC, TASK, 4),
@@ -326,7 +311,8 @@ def test_entry_times_both_scopes_and_every_baseline_interleaved_and_judges_each_
     assert result.row(TRTMC, ENGINE, 1).timing.calls_per_round == 20
     # Per trtmc row: a first call, 3 warm-up and 10 measured rounds (the scripted clock calls once a
     # round), then the oracle's 22 photos in chunks of the batch size; the task calls the engine too.
-    assert uncompiled.calls == 2 * (14 + 22) + 2 * (14 + 6)
+    # Before all of it, the engine's warm-up calls it once at each size it serves (1 and 2).
+    assert uncompiled.calls == 2 + 2 * (14 + 22) + 2 * (14 + 6)
     assert result.headline(1) == pytest.approx(1.1) and result.verdict(result.headline(1)) == "faster"
     assert result.ratio("eager-fp32", 1) == pytest.approx(2.0)
     assert result.verdict(result.ratio("eager-cl", 4)) == "on par"  # 1.02 is within the 5% margin
@@ -455,7 +441,7 @@ def test_prepare_phase_runs_in_workers_and_the_timing_reuses_its_bundles(tiny, f
     entry = tiny_entry(tiny, few_photos)
     failures = prepare_entries([entry], opts, 1, messages.append, quiet=True, executor=ThreadPoolExecutor(1))
     assert failures == {} and any(m.startswith("prepared tiny") for m in messages)
-    assert (tmp_path / "work" / "bundles" / "tiny-fp32.build.json").is_file()
+    assert (tmp_path / "work" / "bundles" / "tiny-fp32-reference.build.json").is_file()
     result = run_entry(entry, replace(opts, reuse_bundles=True), clock_for=FAST, progress=messages.append)
     assert result.status == "passed" and any(m.startswith("using the prepared bundle") for m in messages)
 
@@ -463,7 +449,8 @@ def test_prepare_phase_runs_in_workers_and_the_timing_reuses_its_bundles(tiny, f
 def test_cli_benches_one_model_on_the_cpu(tiny, few_photos, tmp_path, uncompiled):
     code, out, err = run_cli(
         "bench", "--device", "cpu", "--model", tiny, "--precision", "fp32", "--batch", "1", "--batch", "2", "--photos", few_photos,
-        "--baseline", "eager-fp32", "--warmups", "1", "--iters", "3", "--round-ms", "1", "--out", tmp_path / "out",
+        "--baseline", "eager-fp32", "--warmups", "1", "--iters", "3", "--round-ms", "1", "--backend", "reference",
+        "--out", tmp_path / "out",
     )
     data = json.loads((tmp_path / "out" / "results.json").read_text())
     assert data["entries"][0]["status"] == "passed" and code == 0, err

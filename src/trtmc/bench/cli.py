@@ -107,6 +107,9 @@ def add_bench(sub) -> None:
     how = p.add_argument_group("how")
     how.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                      help="device to build for and time on (default cuda; cpu exercises the harness)")
+    how.add_argument("--backend", default="inductor", metavar="NAME",
+                     help="the trtmc engine to build and time: inductor (default), tensorrt where TensorRT runs, "
+                          "or reference (the uncompiled graph)")
     how.add_argument("--baseline", action="append", choices=BASELINES, dest="baselines", metavar="KEY",
                      help=f"baseline to time, repeatable; replaces the default set "
                           f"({', '.join(DEFAULT_BASELINES)}); choices: {', '.join(BASELINES)}")
@@ -226,6 +229,7 @@ def _cmd_bench(args) -> int:
         device=args.device,
         baselines=_baselines(args),
         reuse_bundles=args.reuse_prepared,
+        backend=args.backend,
     )
     progress = Progress(args.quiet)
     if args.prepare_jobs > 0:

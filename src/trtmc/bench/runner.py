@@ -105,9 +105,10 @@ def build_bundle_for(entry: Entry, source: ModelSource, options: BenchOptions, p
     bundles.mkdir(parents=True, exist_ok=True)
     request = BuildRequest(
         model=source.build_model,
-        output=bundles / f"{entry.name}-{entry.precision}.bundle",
+        output=bundles / f"{entry.name}-{entry.precision}-{options.backend}.bundle",
         precision=entry.precision,
         device=options.device,
+        backends=(options.backend,),
         max_batch=entry.max_batch,
     )
     record = request.output.with_suffix(".build.json")
@@ -130,10 +131,8 @@ def build_target(entry: Entry, source: ModelSource, options: BenchOptions, progr
 
     path, build_seconds = build_bundle_for(entry, source, options, progress)
     started = time.perf_counter()
-    runtime = Runtime.open(path, engine="inductor")
-    warm_up = getattr(runtime.engine, "warm_up", None)
-    if warm_up is not None:  # compile from the bundle's caches and capture one CUDA graph per size
-        warm_up()
+    runtime = Runtime.open(path, engine=options.backend)
+    runtime.engine.warm_up()  # compile from the bundle's caches and capture one CUDA graph per size
     synchronize(runtime.device)
     load_seconds = time.perf_counter() - started
     progress(f"loaded {runtime.choice.key} in {load_seconds:.1f} s")

@@ -158,8 +158,13 @@ class BenchOptions:
     device: str = "cuda"
     baselines: tuple[str, ...] = DEFAULT_BASELINES
     reuse_bundles: bool = False  # use bundles (and their recorded build times) from a prepare phase
+    backend: str = "inductor"  # the trtmc engine benched (the reference engine times the harness itself)
 
     def validate(self) -> None:
+        from ..backends import BACKENDS
+
+        if self.backend not in BACKENDS:
+            raise SpecError(f"--backend {self.backend!r}: choose from {', '.join(BACKENDS)}")
         if self.device not in ("cpu", "cuda"):
             raise SpecError(f"--device {self.device!r}: choose cuda or cpu")
         if self.device == "cuda":
