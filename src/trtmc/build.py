@@ -21,6 +21,7 @@ from .graph import DType, PRECISION_DTYPES
 from .passes.fold_batch_norm import fold_batch_norm
 from .passes.precision import PrecisionPolicy, assign_precision
 from .preprocess import PreprocessSpec
+from .tasks import vocabulary_id
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +155,11 @@ def build_bundle(request: BuildRequest, progress: Callable[[str], None] = _defau
     members: dict[str, bytes] = {
         "runtime.json": json.dumps(preprocess.to_json(), indent=1).encode(),
         "labels.json": json.dumps(
-            {"names": list(config.label_names), "descriptions": dict(config.label_descriptions)}
+            {
+                "names": list(config.label_names),
+                "descriptions": dict(config.label_descriptions),
+                "vocabulary_id": vocabulary_id(config.label_names),
+            }
         ).encode(),
         "graph.json": typed.dumps().encode(),
         "weights.safetensors": weights_to_bytes(typed.weights),

@@ -1,4 +1,4 @@
-"""The `trtmc` command: build, classify, inspect, families, bench."""
+"""The `trtmc` command: build, classify, inspect, families, decode, bench."""
 
 from __future__ import annotations
 
@@ -216,6 +216,32 @@ def _cmd_families(args) -> int:
     return 0
 
 
+def _add_decode(sub) -> None:
+    p = sub.add_parser(
+        "decode",
+        help="write an image as raw RGB float32 for the C and C++ SDK consumers",
+        description="Decode an image file as the task does (RGB, values / 255) and write it as raw float32 HWC "
+        "in [0, 1], native byte order, no header (.rgb.f32). Prints the image's height and width.",
+        epilog="example:\n"
+        "  build/sdk_consumer_c lite0.bundle chelsea.rgb.f32 $(trtmc decode examples/images/chelsea.png)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("image", type=Path, help="JPEG or PNG file")
+    p.add_argument("-o", "--output", type=Path,
+                   help="file to write (default: the image's name with the suffix .rgb.f32, in the current folder)")
+    p.set_defaults(run=_cmd_decode)
+
+
+def _cmd_decode(args) -> int:
+    from .files import write_bytes_atomically
+    from .tasks import decode_image
+
+    pixels = decode_image(args.image)
+    write_bytes_atomically(args.output or Path(args.image.name).with_suffix(".rgb.f32"), pixels.tobytes())
+    print(f"{pixels.shape[0]} {pixels.shape[1]}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="trtmc", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="store_true", help="log details (and tracebacks on errors)")
@@ -224,6 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_classify(sub)
     _add_inspect(sub)
     _add_families(sub)
+    _add_decode(sub)
     try:
         from .bench.cli import add_bench
     except ImportError:

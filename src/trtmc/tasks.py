@@ -3,12 +3,15 @@
 Input: image files (JPEG, PNG; grayscale and RGBA become RGB) or host RGB float32 HWC arrays in
 [0, 1] of any size, one or a batch (a list, or an NHWC array). Preprocessing is the bundle's
 contract (timm's eval transform). Output: all logits as float32 in checkpoint order, plus the
-checkpoint's label names and descriptions (empty when it gave none: indices stay model-local).
-The task has no options; invalid input is rejected, before inference, with a message naming it.
+checkpoint's label names and descriptions (empty when it gave none: indices stay model-local) and
+the vocabulary those names are (`vocabulary_id`, recorded when the bundle was built; empty when
+unknown). The task has no options; invalid input is rejected, before inference, with a message
+naming it. The C ABI (sdk/) serves the same task and returns the same fields.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -21,6 +24,19 @@ from .runtime import Runtime
 
 class InvalidInput(ValueError):
     """An input image or array that the task refuses; the message names it and the problem."""
+
+
+# Vocabularies recognised by the sha256 of their label names joined with newlines: a checkpoint
+# whose names are exactly these, in this order, shares the vocabulary's class indices.
+KNOWN_VOCABULARIES = {
+    # ImageNet-1k's 1000 WordNet synsets in the standard order (timm.data.ImageNetInfo)
+    "385e0240499426c022b773be1ae4da780f057b89c9694c7f47199f62746b6edd": "imagenet-1k",
+}
+
+
+def vocabulary_id(label_names: Sequence[str]) -> str:
+    """`imagenet-1k` for ImageNet's synsets in order; "" for any other names (indices stay model-local)."""
+    return KNOWN_VOCABULARIES.get(hashlib.sha256("\n".join(label_names).encode()).hexdigest(), "")
 
 
 @dataclass(frozen=True)
@@ -36,6 +52,7 @@ class ClassScores:
     logits: np.ndarray  # [N, classes] float32, checkpoint order
     label_names: tuple[str, ...] = ()
     label_descriptions: dict[str, str] = field(default_factory=dict)
+    vocabulary_id: str = ""  # e.g. "imagenet-1k"; empty when the names are no known vocabulary
 
     def top(self, k: int = 5) -> list[list[TopClass]]:
         """The k most likely classes of each image, most likely first."""
@@ -73,6 +90,11 @@ def _load_file(path: Path):
         if isinstance(exc, InvalidInput):
             raise
         raise InvalidInput(f"{path}: not a readable image ({exc}); pass a JPEG or PNG file") from exc
+
+
+def decode_image(path: str | Path) -> np.ndarray:
+    """An image file as the task decodes it: RGB float32 HWC in [0, 1] (8-bit values / 255)."""
+    return np.asarray(_load_file(Path(path)), dtype=np.float32) / np.float32(255.0)
 
 
 def _check_array(array: np.ndarray, name: str) -> np.ndarray:
@@ -133,4 +155,5 @@ def image_to_class_scores(runtime: Runtime, images: Any, **options: Any) -> Clas
         )
     pixels = preprocess_images(runtime, images)
     logits = runtime.logits(pixels)
-    return ClassScores(logits.astype(np.float32), runtime.label_names, runtime.label_descriptions)
+    vocabulary = str(runtime.bundle.labels.get("vocabulary_id", ""))  # absent from bundles older than it
+    return ClassScores(logits.astype(np.float32), runtime.label_names, runtime.label_descriptions, vocabulary)
