@@ -75,7 +75,8 @@ def _describe(item: Any, position: int) -> str:
     return str(item) if isinstance(item, (str, Path)) else f"array #{position}"
 
 
-def _load_file(path: Path):
+def load_image(path: Path):
+    """An image file as an 8-bit RGB PIL image; every unreadable file is an `InvalidInput` naming it."""
     from PIL import Image, UnidentifiedImageError
 
     if not path.is_file():
@@ -94,7 +95,7 @@ def _load_file(path: Path):
 
 def decode_image(path: str | Path) -> np.ndarray:
     """An image file as the task decodes it: RGB float32 HWC in [0, 1] (8-bit values / 255)."""
-    return np.asarray(_load_file(Path(path)), dtype=np.float32) / np.float32(255.0)
+    return np.asarray(load_image(Path(path)), dtype=np.float32) / np.float32(255.0)
 
 
 def _check_array(array: np.ndarray, name: str) -> np.ndarray:
@@ -137,7 +138,7 @@ def preprocess_images(runtime: Runtime, images: Any) -> torch.Tensor:
     for position, item in enumerate(items):
         name = _describe(item, position)
         if isinstance(item, (str, Path)):
-            prepared.append(("file", _load_file(Path(item))))
+            prepared.append(("file", load_image(Path(item))))
         elif isinstance(item, np.ndarray):
             prepared.append(("array", _check_array(item, name)))
         else:
