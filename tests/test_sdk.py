@@ -77,6 +77,19 @@ def _tamper(source: Path, target: Path, change) -> Path:
     return target
 
 
+def _with_extra_member(source: Path, target: Path) -> Path:
+    shutil.copyfile(source, target)
+    with zipfile.ZipFile(target, "a", zipfile.ZIP_STORED) as archive:
+        archive.writestr("engines/inductor-cpu-fp32/extra.so", b"not listed")
+    return target
+
+
+def _truncated(source: Path, target: Path) -> Path:
+    data = source.read_bytes()
+    target.write_bytes(data[: len(data) // 2])
+    return target
+
+
 @pytest.fixture(scope="module")
 def bundles(lite0_bundle, tmp_path_factory):
     folder = tmp_path_factory.mktemp("sdk-bundles")
@@ -208,17 +221,11 @@ def test_consumers_refuse_every_bundle_the_python_reader_refuses(sdk, bundles, d
         assert ("rebuild it with `trtmc build`" in str(python.value)) == ("rebuild it with `trtmc build`" in result.stderr)
 
 
-def _with_extra_member(source: Path, target: Path) -> Path:
-    shutil.copyfile(source, target)
-    with zipfile.ZipFile(target, "a", zipfile.ZIP_STORED) as archive:
-        archive.writestr("engines/inductor-cpu-fp32/extra.so", b"not listed")
-    return target
-
-
-def _truncated(source: Path, target: Path) -> Path:
-    data = source.read_bytes()
-    target.write_bytes(data[: len(data) // 2])
-    return target
+def test_sdk_refuses_a_bundle_for_another_task(sdk, bundles, decoded, tmp_path):
+    other = _rewrite(bundles["labelled"], tmp_path / "other.bundle", lambda manifest, _: manifest.update(task="image_to_text"))
+    result = consume("cpp", other, *decoded["chelsea.png"])
+    assert result.returncode == CODES["TRTMC_ERROR_BUNDLE"]
+    assert "serves task 'image_to_text', not image_to_class_scores" in result.stderr
 
 
 def test_sdk_passes_over_a_plan_it_cannot_run_with_one_line_and_uses_the_next_engine(sdk, bundles, decoded, tmp_path):

@@ -7,6 +7,7 @@
 #include <zip.h>
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -157,6 +158,11 @@ PreprocessSpec parse_preprocess(const json& data, const std::string& path) {
   }
   if (spec.height <= 0 || spec.width <= 0 || spec.crop_pct <= 0) {
     refuse(path, "runtime.json holds an invalid input size or crop_pct; " + std::string(kRebuild));
+  }
+  // trtmc.preprocess keeps the aspect ratio only for a square input (one shorter-side size).
+  if (spec.crop_mode != "squash" && std::floor(spec.height / spec.crop_pct) != std::floor(spec.width / spec.crop_pct)) {
+    refuse(path, "runtime.json: non-square input " + std::to_string(spec.height) + "x" + std::to_string(spec.width) +
+                     " with crop_mode '" + spec.crop_mode + "' is not supported; use crop_mode 'squash'");
   }
   return spec;
 }

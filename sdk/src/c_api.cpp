@@ -150,7 +150,6 @@ trtmc_status* trtmc_model_open(const char* bundle_path, const trtmc_option* opti
                                             trtmc::internal::kTask + "; rebuild it with `trtmc build`");
     }
     auto opened = std::make_unique<trtmc_model>();
-    opened->bundle_path = bundle.path;
     opened->preprocess = bundle.preprocess;
     opened->labels = bundle.labels;
     opened->chosen = trtmc::internal::load_first_engine(bundle);

@@ -17,7 +17,6 @@ struct trtmc_status {
 };
 
 struct trtmc_model {
-  std::string bundle_path;
   trtmc::internal::PreprocessSpec preprocess;
   std::shared_ptr<const trtmc::internal::Labels> labels;
   trtmc::internal::ChosenEngine chosen;

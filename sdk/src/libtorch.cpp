@@ -35,12 +35,7 @@ std::array<int64_t, 2> resized_size(const PreprocessSpec& spec, int64_t height, 
   auto scale_h = static_cast<int64_t>(std::floor(spec.height / spec.crop_pct));
   auto scale_w = static_cast<int64_t>(std::floor(spec.width / spec.crop_pct));
   if (spec.crop_mode == "squash") return {scale_h, scale_w};
-  if (scale_h != scale_w) {
-    throw Failure(TRTMC_ERROR_BUNDLE, "non-square input " + std::to_string(spec.height) + "x" +
-                                          std::to_string(spec.width) +
-                                          " with crop_mode 'center' is not supported; use crop_mode 'squash'");
-  }
-  return shorter_side_to(scale_h, height, width);
+  return shorter_side_to(scale_h, height, width);  // scale_h == scale_w: read_bundle refuses the rest
 }
 
 // torch.nn.functional.interpolate as torchvision's F_t.resize calls it (antialias for bilinear
