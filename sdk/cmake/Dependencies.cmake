@@ -1,19 +1,28 @@
 # libtrtmc's other dependencies, each a well-kept library rather than hand-written code:
-#   trtmc_zip       libzip (Debian/Ubuntu: apt-get install libzip-dev), through pkg-config because
-#                   Debian 12's libzip CMake files name tools the -dev package does not install
+#   trtmc_zip       libzip (Debian/Ubuntu: apt-get install libzip-dev), through pkg-config (Debian 12's
+#                   libzip CMake files name tools the -dev package does not install), else found by name
 #   OpenSSL::Crypto SHA-256 (apt-get install libssl-dev)
 #   trtmc_json      nlohmann-json, header-only: a system install (nlohmann-json3-dev) or the PyPI
 #                   package installed beside torch (pip install nlohmann-json, or trtmc's `sdk` extra)
 #   trtmc_tensorrt  optional: TensorRT (libnvinfer) or TensorRT-RTX (libtensorrt_rtx) with its headers
 #                   and the CUDA runtime; -DTensorRT_ROOT=DIR where they are not on the default paths
 
-find_package(PkgConfig REQUIRED)
-pkg_check_modules(TRTMC_LIBZIP QUIET IMPORTED_TARGET libzip>=1.2)
-if(NOT TRTMC_LIBZIP_FOUND)
-  message(FATAL_ERROR "libzip not found: install it (Debian/Ubuntu: apt-get install libzip-dev)")
-endif()
 add_library(trtmc_zip INTERFACE)
-target_link_libraries(trtmc_zip INTERFACE PkgConfig::TRTMC_LIBZIP)
+find_package(PkgConfig QUIET)
+if(PkgConfig_FOUND)
+  pkg_check_modules(TRTMC_LIBZIP QUIET IMPORTED_TARGET libzip>=1.2)
+endif()
+if(TRTMC_LIBZIP_FOUND)
+  target_link_libraries(trtmc_zip INTERFACE PkgConfig::TRTMC_LIBZIP)
+else()
+  find_path(TRTMC_ZIP_INCLUDE zip.h)
+  find_library(TRTMC_ZIP_LIBRARY zip)
+  if(NOT TRTMC_ZIP_INCLUDE OR NOT TRTMC_ZIP_LIBRARY)
+    message(FATAL_ERROR "libzip not found: install it (Debian/Ubuntu: apt-get install libzip-dev)")
+  endif()
+  target_include_directories(trtmc_zip SYSTEM INTERFACE "${TRTMC_ZIP_INCLUDE}")
+  target_link_libraries(trtmc_zip INTERFACE "${TRTMC_ZIP_LIBRARY}")
+endif()
 
 find_package(OpenSSL COMPONENTS Crypto)
 if(NOT OpenSSL_FOUND)
