@@ -52,8 +52,9 @@ extern "C" {
 #define TRTMC_ABI_VERSION_MAJOR 1
 #define TRTMC_ABI_VERSION_MINOR 0
 #define TRTMC_ABI_VERSION (TRTMC_ABI_VERSION_MAJOR * 1000 + TRTMC_ABI_VERSION_MINOR)
+/* Same MAJOR, MINOR at least this header's. */
 #define TRTMC_ABI_COMPATIBLE(library_version) \
-  ((library_version) / 1000 == TRTMC_ABI_VERSION_MAJOR && (library_version) % 1000 >= TRTMC_ABI_VERSION_MINOR)
+  ((library_version) >= TRTMC_ABI_VERSION && (library_version) < (TRTMC_ABI_VERSION_MAJOR + 1) * 1000)
 
 /* What went wrong. Values are stable: new ones are only appended. */
 typedef enum trtmc_code {
