@@ -23,7 +23,7 @@ import torch
 
 from conftest import LITE0_IN_REPO, run_cli
 from support import IMAGES, REFERENCE, REPO
-from trtmc.bundle import BundleError, read_bundle, write_bundle
+from trtmc.bundle import FORMAT_VERSION, BundleError, read_bundle, write_bundle
 from trtmc.runtime import Runtime
 from trtmc.tasks import decode_image, image_to_class_scores
 
@@ -189,7 +189,7 @@ def test_consumers_refuse_every_bundle_the_python_reader_refuses(sdk, bundles, d
         if name != "manifest.json":
             return data
         manifest = json.loads(data)
-        manifest["format_version"] = 2
+        manifest["format_version"] = FORMAT_VERSION + 1
         return json.dumps(manifest).encode()
 
     def flip_a_weight(name, data):
@@ -197,7 +197,10 @@ def test_consumers_refuse_every_bundle_the_python_reader_refuses(sdk, bundles, d
 
     broken = {
         "tampered member": (_tamper(source, tmp_path / "t.bundle", flip_a_weight), "fails its sha256 check"),
-        "unknown version": (_tamper(source, tmp_path / "v.bundle", set_version), "format version 2 is not supported"),
+        "unknown version": (
+            _tamper(source, tmp_path / "v.bundle", set_version),
+            f"format version {FORMAT_VERSION + 1} is not supported",
+        ),
         "missing member": (
             _tamper(source, tmp_path / "m.bundle", lambda n, d: None if n == "runtime.json" else d),
             "member runtime.json is missing",
@@ -219,6 +222,19 @@ def test_consumers_refuse_every_bundle_the_python_reader_refuses(sdk, bundles, d
         assert phrase in result.stderr, (case, result.stderr)
         # ... with the same advice
         assert ("rebuild it with `trtmc build`" in str(python.value)) == ("rebuild it with `trtmc build`" in result.stderr)
+        if case == "unknown version":  # the SDK reads the format this trtmc writes, and says which
+            assert f"(it reads version {FORMAT_VERSION})" in result.stderr
+
+
+def test_an_engine_that_fails_to_load_is_passed_over_with_the_reason(sdk, bundles, decoded, tmp_path):
+    def garbage_package(manifest, members):
+        members["engines/inductor-cpu-fp32/model.pt2"] = b"not an AOTInductor package"
+
+    broken = _rewrite(bundles["labelled"], tmp_path / "broken.bundle", garbage_package)
+    result = consume("c", broken, *decoded["chelsea.png"])
+    assert result.returncode == CODES["TRTMC_ERROR_NO_ENGINE"], result.stderr
+    assert "no engine in this bundle can run on this machine (engine inductor-cpu-fp32 cannot run here: it failed to load (" in result.stderr
+    assert "rebuild the bundle here, e.g. `trtmc build MODEL -o OUT --device cpu`" in result.stderr
 
 
 def test_sdk_refuses_a_bundle_for_another_task(sdk, bundles, decoded, tmp_path):

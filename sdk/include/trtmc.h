@@ -100,8 +100,8 @@ TRTMC_API void trtmc_status_release(trtmc_status* status);
 
 /* Open and verify a bundle (format version, every member's size and sha256, no member outside
  * the manifest), then load the first engine that can run here, as trtmc's Python runtime does:
- * TensorRT plans first, then the others in the order the bundle lists them. `options` may be NULL
- * when `option_count` is 0. */
+ * TensorRT plans first, then Inductor, then the rest; one that cannot run here or fails to load is
+ * passed over (trtmc_model_skipped says why). `options` may be NULL when `option_count` is 0. */
 TRTMC_API trtmc_status* trtmc_model_open(const char* bundle_path, const trtmc_option* options,
                                          size_t option_count, trtmc_model** model);
 TRTMC_API void trtmc_model_release(trtmc_model* model);

@@ -196,6 +196,26 @@ std::string engine_member(const EngineEntry& engine, const std::string& name) {
   return "engines/" + engine.key + "/" + name;
 }
 
+// Each engine's files, which must all be present; a file under engines/ that no engine lists is refused.
+std::map<std::string, std::string> engine_members(const std::vector<EngineEntry>& engines,
+                                                  std::map<std::string, std::string> members, const std::string& path) {
+  std::set<std::string> keys;
+  std::map<std::string, std::string> files;
+  for (const EngineEntry& engine : engines) {
+    if (!keys.insert(engine.key).second) refuse(path, "engine key " + engine.key + " appears twice; " + kRebuild);
+    for (const std::string& file : engine.files) {
+      std::string name = engine_member(engine, file);
+      auto found = members.find(name);
+      if (found == members.end()) refuse(path, "engine " + engine.key + " lists " + name + ", which the bundle lacks; " + kRebuild);
+      files.insert(members.extract(found));
+    }
+  }
+  for (const auto& [name, data] : members) {
+    if (is_engine_member(name)) refuse(path, "member " + name + " belongs to no engine in engines; " + kRebuild);
+  }
+  return files;
+}
+
 }  // namespace
 
 bool EngineEntry::has_file(const std::string& name) const {
@@ -222,13 +242,7 @@ Bundle read_bundle(const std::string& path) {
     bundle.preprocess = parse_preprocess(parse_json(members.at("runtime.json"), path, "runtime.json"), path);
     bundle.labels = std::make_shared<Labels>(parse_labels(parse_json(members.at("labels.json"), path, "labels.json")));
     for (const json& entry : manifest.value("engines", json::array())) bundle.engines.push_back(parse_engine(entry));
-    for (const EngineEntry& engine : bundle.engines) {
-      for (const std::string& file : engine.files) {
-        std::string name = engine_member(engine, file);
-        if (!members.count(name)) refuse(path, "engine " + engine.key + " lists " + name + ", which the bundle lacks; " + kRebuild);
-        bundle.engine_members.emplace(name, std::move(members.at(name)));
-      }
-    }
+    bundle.engine_members = engine_members(bundle.engines, std::move(members), path);
   } catch (const json::exception& error) {
     refuse(path, std::string("damaged bundle (") + error.what() + "); " + kRebuild);
   } catch (const std::out_of_range&) {

@@ -8,8 +8,9 @@
 namespace trtmc::internal {
 namespace {
 
-// The Python runtime's BACKENDS order: a TensorRT plan wherever one can run, then Inductor.
-const std::vector<std::string> kBackendOrder = {"tensorrt", "inductor"};
+// The Python runtime's BACKENDS order: a TensorRT plan wherever one can run, then Inductor, the
+// uncompiled reference graph last.
+const std::vector<std::string> kBackendOrder = {"tensorrt", "inductor", "reference"};
 
 size_t rank(const EngineEntry& entry) {
   auto found = std::find(kBackendOrder.begin(), kBackendOrder.end(), entry.backend);
@@ -19,8 +20,13 @@ size_t rank(const EngineEntry& entry) {
 std::optional<std::string> unavailable_reason(const EngineEntry& entry) {
   if (entry.backend == "tensorrt") return tensorrt_unavailable_reason(entry);
   if (entry.backend == "inductor") return inductor_unavailable_reason(entry);
-  return "unknown backend '" + entry.backend + "' (libtrtmc runs tensorrt and inductor engines); rebuild the bundle";
+  if (entry.backend == "reference") {
+    return std::string("the reference engine runs the graph op by op in Python; libtrtmc runs tensorrt and inductor engines");
+  }
+  return "unknown backend '" + entry.backend + "'; libtrtmc runs tensorrt and inductor engines (a newer one may run it)";
 }
+
+std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
 
 std::unique_ptr<Engine> load(const Bundle& bundle, const EngineEntry& entry) {
   return entry.backend == "tensorrt" ? load_tensorrt(bundle, entry) : load_inductor(bundle, entry);
@@ -38,19 +44,25 @@ ChosenEngine load_first_engine(const Bundle& bundle) {
   std::stable_sort(order.begin(), order.end(), [](auto* a, auto* b) { return rank(*a) < rank(*b); });
   ChosenEngine chosen;
   for (const EngineEntry* entry : order) {
-    if (std::optional<std::string> reason = unavailable_reason(*entry)) {
-      chosen.skipped.push_back("engine " + entry->key + " cannot run here: " + *reason);
-      continue;
+    std::optional<std::string> reason = unavailable_reason(*entry);
+    if (!reason) {
+      try {
+        chosen.engine = load(bundle, *entry);
+        chosen.key = entry->key;
+        return chosen;
+      } catch (const std::bad_alloc&) {
+        throw;
+      } catch (const std::exception& error) {  // native loaders throw anything: it did not load
+        reason = "it failed to load (" + first_line(error.what()) + ")";
+      }
     }
-    chosen.engine = load(bundle, *entry);
-    chosen.key = entry->key;
-    return chosen;
+    chosen.skipped.push_back("engine " + entry->key + " cannot run here: " + *reason);
   }
   std::string lines;
-  for (const std::string& line : chosen.skipped) lines += "\n  " + line;
-  throw Failure(TRTMC_ERROR_NO_ENGINE, bundle.path + ": no engine in this bundle can run on this machine:" + lines +
-                                           "\nRebuild the bundle for this machine (e.g. `trtmc build MODEL -o OUT "
-                                           "--device cpu`).");
+  for (const std::string& line : chosen.skipped) lines += (lines.empty() ? "" : "; ") + line;
+  throw Failure(TRTMC_ERROR_NO_ENGINE, bundle.path + ": no engine in this bundle can run on this machine (" + lines +
+                                           "); rebuild the bundle here, e.g. `trtmc build MODEL -o OUT --device " +
+                                           (cuda_available() ? "cuda" : "cpu") + "`");
 }
 
 #ifndef TRTMC_WITH_TENSORRT
@@ -60,8 +72,8 @@ std::optional<std::string> tensorrt_unavailable_reason(const EngineEntry&) {
       "configure the SDK with TensorRT installed (-DTensorRT_ROOT=DIR) or use another engine");
 }
 
-std::unique_ptr<Engine> load_tensorrt(const Bundle& bundle, const EngineEntry& entry) {
-  throw Failure(TRTMC_ERROR_NO_ENGINE, bundle.path + ": engine " + entry.key + ": " + *tensorrt_unavailable_reason(entry));
+std::unique_ptr<Engine> load_tensorrt(const Bundle&, const EngineEntry& entry) {
+  throw Failure(TRTMC_ERROR_NO_ENGINE, *tensorrt_unavailable_reason(entry));
 }
 #endif
 

@@ -1,6 +1,7 @@
 // Engines and how one is chosen, as trtmc's Python runtime chooses (src/trtmc/runtime.py): TensorRT
-// plans first, then the other backends in the bundle's order; the first engine that can run here
-// is loaded, and each engine passed over leaves one line saying why.
+// plans first, then Inductor, then the rest, each backend's engines in the bundle's order. Loading
+// is part of choosing: an engine that cannot run here and one that fails to load are both passed
+// over with one line saying why, and the next one is tried.
 #pragma once
 
 #include <array>
@@ -29,7 +30,11 @@ struct ChosenEngine {
 // Throws Failure(TRTMC_ERROR_NO_ENGINE) listing every reason when no engine can run here.
 ChosenEngine load_first_engine(const Bundle& bundle);
 
-// Each backend: why an engine cannot run here (nullopt when it can), and loading it.
+// Whether libtorch sees a CUDA GPU (the advice in the no-engine message depends on it).
+bool cuda_available();
+
+// Each backend: why an engine cannot run here (nullopt when it can), and loading it (a failure to
+// load throws Failure, or whatever the native loader throws).
 std::optional<std::string> inductor_unavailable_reason(const EngineEntry& entry);
 std::unique_ptr<Engine> load_inductor(const Bundle& bundle, const EngineEntry& entry);
 std::optional<std::string> tensorrt_unavailable_reason(const EngineEntry& entry);

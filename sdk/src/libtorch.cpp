@@ -159,12 +159,13 @@ std::optional<std::string> inductor_unavailable_reason(const EngineEntry& entry)
   return std::nullopt;
 }
 
+bool cuda_available() { return at::hasCUDA(); }
+
 std::unique_ptr<Engine> load_inductor(const Bundle& bundle, const EngineEntry& entry) {
   try {
     return std::make_unique<InductorEngine>(bundle.engine_file(entry, kPackage), entry);
-  } catch (const c10::Error& error) {
-    throw Failure(TRTMC_ERROR_NO_ENGINE, bundle.path + ": engine " + entry.key + " failed to load: " +
-                                             error.what_without_backtrace());
+  } catch (const c10::Error& error) {  // without libtorch's C++ backtrace
+    throw Failure(TRTMC_ERROR_NO_ENGINE, error.what_without_backtrace());
   }
 }
 

@@ -42,7 +42,7 @@ class Logger final : public nvinfer1::ILogger {
   void log(Severity severity, const char* message) noexcept override {
     if (severity > Severity::kERROR) return;
     std::lock_guard<std::mutex> lock(mutex_);
-    errors_ += std::string(errors_.empty() ? "" : "\n") + "  TensorRT: " + message;
+    errors_ += std::string(errors_.empty() ? "TensorRT: " : "; ") + message;
   }
   std::string take() {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -111,13 +111,13 @@ std::vector<float> from_device_type(const std::vector<unsigned char>& raw, nvinf
 
 class TensorRTEngine final : public Engine {
  public:
-  TensorRTEngine(const std::string& plan, const std::string& where) {
+  explicit TensorRTEngine(const std::string& plan) {
     logger().take();
     runtime_.reset(nvinfer1::createInferRuntime(logger()));
     if (runtime_) engine_.reset(runtime_->deserializeCudaEngine(plan.data(), plan.size()));
     if (engine_) context_.reset(engine_->createExecutionContext());
     if (!context_) {
-      throw Failure(TRTMC_ERROR_NO_ENGINE, where + ": TensorRT could not load the plan\n" + logger().take());
+      throw Failure(TRTMC_ERROR_NO_ENGINE, "TensorRT could not load the plan (" + logger().take() + ")");
     }
     check_cuda(cudaStreamCreate(&stream_), "cudaStreamCreate");
   }
@@ -129,7 +129,7 @@ class TensorRTEngine final : public Engine {
     nvinfer1::DataType in_type = engine_->getTensorDataType(kInput), out_type = engine_->getTensorDataType(kOutput);
     nvinfer1::Dims4 dims(shape[0], shape[1], shape[2], shape[3]);
     if (!context_->setInputShape(kInput, dims)) {
-      throw Failure(TRTMC_ERROR_INFERENCE, "the plan does not take a batch of this shape\n" + logger().take());
+      throw Failure(TRTMC_ERROR_INFERENCE, "the plan does not take a batch of this shape (" + logger().take() + ")");
     }
     nvinfer1::Dims out_dims = context_->getTensorShape(kOutput);
     size_t outputs = 1;
@@ -141,7 +141,9 @@ class TensorRTEngine final : public Engine {
     check_cuda(cudaMemcpyAsync(input_.data, input.data(), input.size(), cudaMemcpyHostToDevice, stream_), "copy in");
     context_->setTensorAddress(kInput, input_.data);
     context_->setTensorAddress(kOutput, output_.data);
-    if (!context_->enqueueV3(stream_)) throw Failure(TRTMC_ERROR_INFERENCE, "TensorRT inference failed\n" + logger().take());
+    if (!context_->enqueueV3(stream_)) {
+      throw Failure(TRTMC_ERROR_INFERENCE, "TensorRT inference failed (" + logger().take() + ")");
+    }
     check_cuda(cudaMemcpyAsync(output.data(), output_.data, output.size(), cudaMemcpyDeviceToHost, stream_), "copy out");
     check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
     return from_device_type(output, out_type);
@@ -192,7 +194,7 @@ std::optional<std::string> tensorrt_unavailable_reason(const EngineEntry& entry)
 }
 
 std::unique_ptr<Engine> load_tensorrt(const Bundle& bundle, const EngineEntry& entry) {
-  return std::make_unique<TensorRTEngine>(bundle.engine_file(entry, kPlan), bundle.path + ": engine " + entry.key);
+  return std::make_unique<TensorRTEngine>(bundle.engine_file(entry, kPlan));
 }
 
 }  // namespace trtmc::internal
