@@ -248,9 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_build(sub)
     _add_classify(sub)
+    _add_decode(sub)
     _add_inspect(sub)
     _add_families(sub)
-    _add_decode(sub)
     try:
         from .bench.cli import add_bench
     except ImportError:
