@@ -157,7 +157,11 @@ def build_bundle(request: BuildRequest, progress: Callable[[str], None] = _defau
     members: dict[str, bytes] = {
         "runtime.json": json.dumps(preprocess.to_json(), indent=1).encode(),
         "labels.json": json.dumps(
-            {"names": list(config.label_names), "descriptions": dict(config.label_descriptions)}
+            {
+                "names": list(config.label_names),
+                "descriptions": dict(config.label_descriptions),
+                "vocabulary_id": config.vocabulary_id,
+            }
         ).encode(),
         "graph.json": typed.dumps().encode(),
         "weights.safetensors": weights_to_bytes(typed.weights),

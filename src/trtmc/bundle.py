@@ -8,7 +8,8 @@ The file is a zip archive (stored, uncompressed) with these members:
                          precision, files, batching, record), and the sha256 and size of every
                          other member
     runtime.json         the preprocessing contract (trtmc.preprocess.PreprocessSpec)
-    labels.json          label names and descriptions ([] and {} when the checkpoint had none)
+    labels.json          label names, descriptions ([] and {} when the checkpoint had none) and
+                         vocabulary_id (trtmc.tasks.vocabulary_id; absent in older bundles)
     graph.json           the typed graph (precision assigned)
     weights.safetensors  the graph's weights (float32)
     engines/<key>/...    zero or more engines, keyed backend-device-precision

@@ -122,6 +122,8 @@ def _labels(data: Any) -> Mapping[str, Any]:
     descriptions = fields.obj("descriptions", "an object (label name -> description)")
     if not all(isinstance(v, str) for v in descriptions.data.values()):
         raise fields.wrong("descriptions", "an object of strings (label name -> description)")
+    if fields.has("vocabulary_id") and not isinstance(fields.value("vocabulary_id"), str):
+        raise fields.wrong("vocabulary_id", "a string (\"imagenet-1k\", or \"\" when the labels are no known vocabulary)")
     return data
 
 

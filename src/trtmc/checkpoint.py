@@ -12,13 +12,25 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 log = logging.getLogger(__name__)
 
 INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
+
+# Vocabularies recognised by the sha256 of their label names joined with newlines: a checkpoint
+# whose names are exactly these, in this order, shares the vocabulary's class indices.
+KNOWN_VOCABULARIES = {
+    # ImageNet-1k's 1000 WordNet synsets in the standard order (timm.data.ImageNetInfo)
+    "385e0240499426c022b773be1ae4da780f057b89c9694c7f47199f62746b6edd": "imagenet-1k",
+}
+
+
+def vocabulary_id(label_names: Sequence[str]) -> str:
+    """`imagenet-1k` for ImageNet's synsets in order; "" for any other names (indices stay model-local)."""
+    return KNOWN_VOCABULARIES.get(hashlib.sha256("\n".join(label_names).encode()).hexdigest(), "")
 CROP_MODES = ("center", "squash")
 
 
@@ -50,6 +62,10 @@ class ModelConfig:
     pretrained: PretrainedConfig
     label_names: tuple[str, ...] = ()
     label_descriptions: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def vocabulary_id(self) -> str:
+        return vocabulary_id(self.label_names)
 
     def label(self, index: int) -> tuple[str, str]:
         """(name, description) of a class, empty strings when the checkpoint gave none."""

@@ -104,6 +104,8 @@ class Runtime:
         self.preprocess: PreprocessSpec = bundle.preprocess
         self.label_names: tuple[str, ...] = tuple(bundle.labels["names"])
         self.label_descriptions: dict[str, str] = dict(bundle.labels["descriptions"])
+        # What the label names are ("imagenet-1k"), recorded at build time; "" when unknown.
+        self.vocabulary_id: str = bundle.labels.get("vocabulary_id", "")
         self.graph: Graph = bundle.graph()
         self.device: str = self.engine.device
         self._input_dtype = TORCH_DTYPES[self.graph.inputs[0].type.dtype]

@@ -4,8 +4,10 @@ Input: image files in any format Pillow reads (JPEG, PNG, WebP, BMP, GIF, TIFF, 
 palette, CMYK and RGBA become RGB, 16-bit grayscale is scaled to 8 bits) or host RGB float32 HWC arrays
 in [0, 1] of any size, one or a batch (a list, or an NHWC array). Preprocessing is the bundle's
 contract (timm's eval transform). Output: all logits as float32 in checkpoint order, plus the
-checkpoint's label names and descriptions (empty when it gave none: indices stay model-local).
-The task has no options; invalid input is rejected, before inference, with a message naming it.
+checkpoint's label names and descriptions (empty when it gave none: indices stay model-local) and
+the vocabulary those names are (`vocabulary_id`, recorded when the bundle was built; empty when
+unknown). The task has no options; invalid input is rejected, before inference, with a message
+naming it. The C ABI (sdk/) serves the same task and returns the same fields.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class ClassScores:
     logits: np.ndarray  # [N, classes] float32, checkpoint order
     label_names: tuple[str, ...] = ()
     label_descriptions: dict[str, str] = field(default_factory=dict)
+    vocabulary_id: str = ""  # e.g. "imagenet-1k"; empty when the names are no known vocabulary
 
     def top(self, k: int = 5) -> list[list[TopClass]]:
         """The k most likely classes of each image, most likely first."""
@@ -107,6 +110,11 @@ def load_image(path: Path):
         ) from exc
 
 
+def decode_image(path: str | Path) -> np.ndarray:
+    """An image file as the task decodes it: RGB float32 HWC in [0, 1] (8-bit values / 255)."""
+    return np.asarray(load_image(Path(path)), dtype=np.float32) / np.float32(255.0)
+
+
 def _check_array(array: np.ndarray, name: str) -> np.ndarray:
     if array.dtype != np.float32:
         raise InvalidInput(f"{name}: arrays must be float32 RGB in [0, 1], got dtype {array.dtype}")
@@ -167,4 +175,4 @@ def image_to_class_scores(runtime: Runtime, images: Any, **options: Any) -> Clas
         )
     pixels = preprocess_images(runtime, images)
     logits = runtime.logits(pixels)
-    return ClassScores(logits.astype(np.float32), runtime.label_names, runtime.label_descriptions)
+    return ClassScores(logits.astype(np.float32), runtime.label_names, runtime.label_descriptions, runtime.vocabulary_id)

@@ -9,7 +9,7 @@ import logging
 import sys
 
 from ..bench.cli import add_bench
-from . import build, classify, inspect
+from . import build, classify, decode, inspect
 
 DESCRIPTION = """\
 trtmc turns a timm image classifier (a Hugging Face id such as timm/ghostnet_100.in1k, or a local
@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     classify.add(sub)
     inspect.add(sub)
     inspect.add_families(sub)
+    decode.add(sub)
     add_bench(sub)
     for command in sub.choices.values():
         # `trtmc classify -v ...` as well as `trtmc -v classify ...`; SUPPRESS keeps the top-level value
