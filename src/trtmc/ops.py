@@ -192,7 +192,8 @@ class CastAttrs:
 
 @dataclass(frozen=True)
 class AttentionAttrs:
-    """softmax(q k^T * scale + bias) v over inputs q, k, v, each [N, heads, tokens, head_dim].
+    """softmax(q k^T * scale + bias) v over inputs q, k, v, each [N, heads, tokens, head_dim]
+    (q and k as wide, k and v as long; v's width is the output's).
 
     One op rather than matmul-softmax-matmul so that backends can run a fused kernel (flash or
     memory-efficient attention, TensorRT's attention layer) that keeps the softmax statistics in

@@ -370,8 +370,8 @@ def _attention(lw, node, args):
     if not has_layer or k.shape[3] != v.shape[3]:
         return _attention_unfused(lw, node, q, k, v)
     layer = lw.named(_add_attention_layer(lw.network, _scaled(lw, q, node.attrs.scale, node.type.dtype), k, v))
-    # TensorRT-RTX has fused kernels for fp16 and bf16 only; decomposable lets an fp32 build (or a
-    # shape no kernel takes) fall back to separate layers instead of failing.
+    # TensorRT-RTX 1.7 has no fused fp32 kernel (the build fails); decomposable lets an fp32 build,
+    # or a shape no kernel takes, fall back to separate layers. fp16 and bf16 builds get the kernel.
     layer.decomposable = True
     if node.attrs.bias:
         bias = lw.graph.weights[node.attrs.bias]
