@@ -1,5 +1,5 @@
-"""ViT / DeiT: heads from the config, attention shapes and its fp32 island in fp16 builds, refusals before
-weights load.
+"""ViT / DeiT: heads from the config, one attention op per block that fp16 builds run in fp16, refusals
+before weights load.
 
 Checks every family shares: test_parity_every_architecture.py, test_refusals_every_family.py.
 """
@@ -12,7 +12,7 @@ from support import assert_refused_before_weights_load, forbid_weight_reads, rec
 from trtmc.checkpoint import Checkpoint, CheckpointError
 from trtmc.families import UnsupportedModel, build_graph
 from trtmc.families.vit import FAMILY, derive_layout
-from trtmc.graph import DType
+from trtmc.graph import AttentionAttrs, DType, OpKind
 from trtmc.passes.precision import PrecisionPolicy, assign_precision
 
 SMALLEST = "vit_tiny_patch16_224"
@@ -26,19 +26,23 @@ def test_heads_come_from_the_config_and_the_rest_from_the_tensors(timm_checkpoin
     assert (layout.heads, layout.head_dim) == (6, 64)
 
 
-def test_attention_splits_into_the_configured_heads(timm_checkpoint):
+def test_each_block_attends_with_one_attention_op_over_the_configured_heads(timm_checkpoint):
     _, graph = build_graph(Checkpoint(timm_checkpoint(SMALLEST)))
-    assert graph.node("blocks.0.attn.scores").type.shape == (1, 3, 197, 197)
+    attention = graph.node("blocks.0.attn")
+    assert attention.kind is OpKind.ATTENTION and attention.type.shape == (1, 3, 197, 64)
+    assert attention.attrs == AttentionAttrs(scale=64**-0.5, bias=None)  # timm's scale, applied by the op
     assert graph.node("blocks.0.attn.merge_heads#2").type.shape == (1, 197, 192)
     assert graph.node("pool.flatten").type.shape == (1, 192)  # only the class token reaches the final norm
+    kinds = {n.kind for n in graph.nodes}
+    assert OpKind.SOFTMAX not in kinds and OpKind.MATMUL not in kinds
 
 
-def test_fp16_keeps_attention_products_softmax_and_norms_in_fp32(timm_checkpoint):
+def test_fp16_runs_attention_in_fp16_and_keeps_the_norms_in_fp32(timm_checkpoint):
     _, graph = build_graph(Checkpoint(timm_checkpoint(SMALLEST)), "fp16")
     typed = {n.name: n.type.dtype for n in assign_precision(graph, PrecisionPolicy("fp16")).nodes}
-    for name in ("blocks.0.attn.scores", "blocks.0.attn.softmax", "blocks.0.attn.mix", "blocks.0.norm1"):
-        assert typed[name] is DType.F32, name
-    assert typed["blocks.0.attn.qkv"] is DType.F16 and typed["blocks.0.mlp.fc1"] is DType.F16
+    for name in ("blocks.0.attn", "blocks.0.attn.qkv", "blocks.0.attn.proj", "blocks.0.mlp.fc1"):
+        assert typed[name] is DType.F16, name
+    assert typed["blocks.0.norm1"] is DType.F32 and typed["norm"] is DType.F32
 
 
 def test_mis_shaped_qkv_is_refused_before_weights_load(timm_checkpoint, tmp_path, monkeypatch):

@@ -53,6 +53,8 @@ def every_enum_graph() -> Graph:
     t = g.reshape(g.add(reduced[0], g.mul(reduced[1], reduced[2], "r.mul"), "r.add"), (1, 8), "tokens")
     t = g.layer_norm(t, "norm", np.ones(8), np.zeros(8), 1e-6)
     t = g.softmax(g.matmul(g.transpose(t, (0, 2, 1), "t"), t, "attn"), -1, "attn.softmax")
+    heads = g.reshape(t, (1, 8, 8), "mha.heads")
+    t = g.reshape(g.attention(heads, heads, heads, "mha", scale=0.5, bias=r.standard_normal((1, 1, 8, 8))), (8, 8), "mha.merge")
     g.output(g.linear(g.flatten(t, "flat"), "head", r.standard_normal((5, 64))))
     return g.finish()
 

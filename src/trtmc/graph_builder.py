@@ -18,6 +18,7 @@ import numpy as np
 from .graph import (
     Activation,
     ActivationAttrs,
+    AttentionAttrs,
     Binary,
     ConcatAttrs,
     ConstantAttrs,
@@ -231,6 +232,14 @@ class GraphBuilder:
 
     def softmax(self, x: Tensor, axis: int, source: str, *, sensitive: bool = True) -> Tensor:
         return self._add(OpKind.SOFTMAX, source, [x], SoftmaxAttrs(self._axis(x, axis)), sensitive=sensitive)
+
+    def attention(
+        self, q: Tensor, k: Tensor, v: Tensor, source: str, *, scale: float, bias: np.ndarray | None = None
+    ) -> Tensor:
+        """softmax(q k^T * scale + bias) v; never `sensitive`: see `trtmc.passes.precision`."""
+        name, staged = self.unique(source), {}
+        attrs = AttentionAttrs(float(scale), self._weight(staged, name, "bias", bias))
+        return self._add(OpKind.ATTENTION, source, [q, k, v], attrs, staged=staged, name=name)
 
     def layer_norm(
         self, x: Tensor, source: str, weight: np.ndarray, bias: np.ndarray, eps: float, *, axis: int = -1, sensitive: bool = True

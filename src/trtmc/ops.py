@@ -17,7 +17,7 @@ __all__ = [
     "OpKind", "Activation", "Binary", "Reduction", "PoolMode",
     "InputAttrs", "ConstantAttrs", "Conv2dAttrs", "ScaleAttrs", "ActivationAttrs", "Pool2dAttrs", "ReduceAttrs",
     "ElementwiseAttrs", "ConcatAttrs", "SliceAttrs", "LinearAttrs", "MatmulAttrs", "SoftmaxAttrs",
-    "NormalizationAttrs", "ReshapeAttrs", "TransposeAttrs", "CastAttrs", "ATTRS",
+    "NormalizationAttrs", "ReshapeAttrs", "TransposeAttrs", "CastAttrs", "AttentionAttrs", "ATTRS",
     "TensorType", "Node", "GraphError", "DType",
 ]
 
@@ -40,6 +40,7 @@ class OpKind(str, Enum):
     RESHAPE = "reshape"
     TRANSPOSE = "transpose"
     CAST = "cast"
+    ATTENTION = "attention"
 
 
 class Activation(str, Enum):
@@ -189,6 +190,21 @@ class CastAttrs:
     dtype: DType
 
 
+@dataclass(frozen=True)
+class AttentionAttrs:
+    """softmax(q k^T * scale + bias) v over inputs q, k, v, each [N, heads, tokens, head_dim]
+    (q and k as wide, k and v as long; v's width is the output's).
+
+    One op rather than matmul-softmax-matmul so that backends can run a fused kernel (flash or
+    memory-efficient attention, TensorRT's attention layer) that keeps the softmax statistics in
+    fp32 whatever the op's dtype. `bias` is a weight that broadcasts to [1, heads, q tokens,
+    k tokens] and is the same for every image (a relative position bias, a window mask).
+    """
+
+    scale: float
+    bias: str | None = None
+
+
 ATTRS: dict[OpKind, type] = {
     OpKind.INPUT: InputAttrs,
     OpKind.CONSTANT: ConstantAttrs,
@@ -207,6 +223,7 @@ ATTRS: dict[OpKind, type] = {
     OpKind.RESHAPE: ReshapeAttrs,
     OpKind.TRANSPOSE: TransposeAttrs,
     OpKind.CAST: CastAttrs,
+    OpKind.ATTENTION: AttentionAttrs,
 }
 
 
@@ -242,8 +259,8 @@ class Node:
         details = []
         for f in dataclasses.fields(self.attrs):
             value = getattr(self.attrs, f.name)
-            if f.name in ("weight", "bias", "scale", "shift") or value is None:
-                continue
+            if value is None or (f.name in ("weight", "bias", "scale", "shift") and isinstance(value, str)):
+                continue  # weight keys: the weights travel separately
             details.append(f"{f.name}={value.value if isinstance(value, Enum) else value}")
         if self.sensitive:
             details.append("sensitive")

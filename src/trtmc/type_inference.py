@@ -12,6 +12,7 @@ assigned; a CAST gives its attribute's dtype.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -279,6 +280,27 @@ def _transpose(a, site: Site):
 @rule(OpKind.CAST, dtype=lambda a, site: a.dtype)
 def _cast(a, site: Site):
     return site.x.shape
+
+
+@rule(OpKind.ATTENTION, arity=3)
+def _attention(a, site: Site):
+    q, k, v = (n.type.shape for n in site.inputs)
+    if not (len(q) == len(k) == len(v) == 4 and q[:2] == k[:2] == v[:2] and q[3] == k[3] and k[2] == v[2]):
+        raise GraphError(
+            f"attention {site.name!r}: q {q}, k {k}, v {v} must be [N, heads, tokens, head_dim] with the same "
+            "batch and heads, q and k as wide, k and v as long"
+        )
+    if not (math.isfinite(a.scale) and a.scale > 0):
+        raise GraphError(f"attention {site.name!r}: scale {a.scale} must be a positive number")
+    scores = (1, q[1], q[2], k[2])
+    if a.bias is not None:
+        bias = site.weight(a.bias)
+        if len(bias) != 4 or bias[0] != 1 or any(b not in (1, s) for b, s in zip(bias, scores)):
+            raise GraphError(
+                f"attention {site.name!r}: bias {bias} does not broadcast to the scores {scores} "
+                "(it is the same for every image: its leading dimension is 1)"
+            )
+    return q[:3] + v[3:]
 
 
 def input_nodes(names: Sequence[str], nodes: Mapping[str, Node], reader: str) -> tuple[Node, ...]:

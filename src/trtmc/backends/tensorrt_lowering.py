@@ -315,3 +315,54 @@ def _transpose(lw, node, args):
 @lowering(OpKind.CAST)
 def _cast(lw, node, args):
     return lw.out(lw.network.add_cast(args[0], trt_dtype(node.attrs.dtype)))
+
+
+def _scaled(lw, q, scale: float, dtype: DType):
+    """q * scale: TensorRT's attention has no scale of its own and asks for q scaled beforehand."""
+    if scale == 1.0:
+        return q
+    factor = lw.constant(np.full((1, 1, 1, 1), scale, np.float32), (1, 1, 1, 1), "scale", dtype)
+    return lw.binary(q, factor, "PROD", "scale_q")
+
+
+def _add_attention_layer(network, q, k, v):
+    softmax = trt.AttentionNormalizationOp.SOFTMAX
+    if hasattr(network, "add_attention_v2"):  # TensorRT 10.16 on, TensorRT-RTX 1.7
+        return network.add_attention_v2(q, k, v, softmax, trt.CausalMaskKind.NONE)
+    return network.add_attention(q, k, v, softmax, False)  # TensorRT 10.14 and 10.15
+
+
+def _attention_unfused(lw, node, q, k, v):
+    """The attention from matrix products and a softmax, for what TensorRT's attention layer cannot
+    take (a value width other than the key's; a TensorRT before 10.14). It keeps the statistics in
+    fp32 as a fused kernel does: the products and the softmax run in fp32, the result is cast back."""
+    a, low = node.attrs, node.type.dtype is not DType.F32
+    if low:
+        q, k, v = (lw.out(lw.network.add_cast(t, trt_dtype(DType.F32)), f"{role}_f32") for t, role in zip((q, k, v), "qkv"))
+    q = _scaled(lw, q, a.scale, DType.F32)
+    scores = lw.out(lw.network.add_matrix_multiply(q, trt.MatrixOperation.NONE, k, trt.MatrixOperation.TRANSPOSE), "scores")
+    if a.bias:
+        bias = lw.graph.weights[a.bias]
+        scores = lw.binary(scores, lw.constant(bias, bias.shape, "bias", DType.F32), "SUM", "bias_add")
+    softmax = lw.named(lw.network.add_softmax(scores), "softmax")
+    softmax.axes = 1 << 3
+    mixed = lw.network.add_matrix_multiply(softmax.get_output(0), trt.MatrixOperation.NONE, v, trt.MatrixOperation.NONE)
+    if not low:
+        return lw.out(mixed)
+    return lw.out(lw.network.add_cast(lw.out(mixed, "mix"), trt_dtype(node.type.dtype)))
+
+
+@lowering(OpKind.ATTENTION)
+def _attention(lw, node, args):
+    q, k, v = args
+    has_layer = hasattr(lw.network, "add_attention_v2") or hasattr(lw.network, "add_attention")
+    if not has_layer or k.shape[3] != v.shape[3]:
+        return _attention_unfused(lw, node, q, k, v)
+    layer = lw.named(_add_attention_layer(lw.network, _scaled(lw, q, node.attrs.scale, node.type.dtype), k, v))
+    # TensorRT-RTX 1.7 has no fused fp32 kernel (the build fails); decomposable lets an fp32 build,
+    # or a shape no kernel takes, fall back to separate layers. fp16 and bf16 builds get the kernel.
+    layer.decomposable = True
+    if node.attrs.bias:
+        bias = lw.graph.weights[node.attrs.bias]
+        layer.mask = lw.constant(bias, bias.shape, "bias")  # a float mask is added to the scores
+    return layer.get_output(0)

@@ -182,6 +182,15 @@ def _cast(node, args, w):
     return args[0].to(TORCH_DTYPES[node.attrs.dtype])
 
 
+@lowering(OpKind.ATTENTION)
+def _attention(node, args, w):
+    # Inductor keeps this one call; on CUDA it runs flash, memory-efficient or cuDNN attention (each
+    # keeps the softmax statistics in fp32), on a CPU torch's flash kernel, which accumulates in fp32.
+    a = node.attrs
+    bias = w(a.bias) if a.bias else None
+    return F.scaled_dot_product_attention(args[0], args[1], args[2], attn_mask=bias, scale=a.scale)
+
+
 def _buffer_name(key: str) -> str:
     return "w_" + "".join(c if c.isalnum() else "_" for c in key)
 

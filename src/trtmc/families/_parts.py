@@ -1,4 +1,5 @@
-"""What several families emit alike: padding math, batch-norm reduction, conv-norm-act, SE, linear, norms.
+"""What several families emit alike: padding math, batch-norm reduction, conv-norm-act, SE, linear, norms,
+multi-head attention.
 
 Each helper reads its tensors by timm module path from the checkpoint and names its nodes after
 that path, so graphs map back to the checkpoint. Reading a layout is `_layout.py`'s job.
@@ -12,7 +13,7 @@ from typing import Sequence
 import numpy as np
 
 from ..checkpoint import Checkpoint, CheckpointError
-from ..graph import Activation, PoolMode
+from ..graph import Activation, GraphError, PoolMode
 from ..graph_builder import GraphBuilder, Tensor
 
 
@@ -143,3 +144,50 @@ def layer_norm(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str, eps: f
 def image_input(g: GraphBuilder, ckpt: Checkpoint) -> Tensor:
     c, h, w = ckpt.config.pretrained.input_size
     return g.input("pixels", (1, c, h, w))
+
+
+def split_heads(g: GraphBuilder, qkv: Tensor, heads: int, source: str) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k, v as [N, heads, tokens, head_dim] from a fused projection [N, tokens, 3 * heads * head_dim]
+    whose features run (q | k | v, head, head_dim), the order timm's `Attention` reshapes `qkv` in."""
+    _, tokens, features = qkv.shape
+    if features % (3 * heads):
+        raise GraphError(f"{source}: {features} qkv features do not split into q, k, v of {heads} heads")
+    head_dim = features // (3 * heads)
+    x = g.reshape(qkv, (tokens, 3 * heads, head_dim), f"{source}.split_heads")
+    x = g.transpose(x, (0, 2, 1, 3), f"{source}.split_heads")  # [N, (q|k|v, head), tokens, head_dim]
+    q, k, v = (g.slice(x, 1, i * heads, (i + 1) * heads, f"{source}.{part}") for i, part in enumerate("qkv"))
+    return q, k, v
+
+
+def merge_heads(g: GraphBuilder, x: Tensor, source: str) -> Tensor:
+    """[N, heads, tokens, head_dim] back to tokens [N, tokens, heads * head_dim], heads outermost."""
+    _, heads, tokens, head_dim = x.shape
+    x = g.transpose(x, (0, 2, 1, 3), f"{source}.merge_heads")
+    return g.reshape(x, (tokens, heads * head_dim), f"{source}.merge_heads")
+
+
+def multi_head_attention(
+    g: GraphBuilder,
+    x: Tensor,
+    ckpt: Checkpoint,
+    prefix: str,
+    heads: int,
+    *,
+    scale: float | None = None,
+    bias: np.ndarray | None = None,
+) -> Tensor:
+    """timm's `Attention` at `prefix` over tokens `x` [N, tokens, width], as one ATTENTION op.
+
+    Reads `prefix.qkv` (a linear [3 * heads * head_dim, width], bias optional, features ordered as
+    `split_heads` says) and `prefix.proj` (a linear back to the output width). `heads` is the
+    family's to state: no tensor records it. `scale` multiplies q k^T (timm's default, head_dim ** -0.5,
+    when None); `bias` is added to the scores before the softmax and must broadcast to
+    [1, heads, tokens, tokens]: a relative position bias or a window mask, already gathered into
+    that shape by the family. Nothing else happens between the projections (no q/k norm, no rotary
+    embedding): a family that has those calls `split_heads`, `GraphBuilder.attention` and
+    `merge_heads` itself. The attention node is named `prefix`, so `--fp32-layers '*.attn'` reaches it.
+    """
+    q, k, v = split_heads(g, linear(g, x, ckpt, f"{prefix}.qkv"), heads, prefix)
+    scale = q.shape[3] ** -0.5 if scale is None else scale
+    out = g.attention(q, k, v, prefix, scale=scale, bias=bias)
+    return linear(g, merge_heads(g, out, prefix), ckpt, f"{prefix}.proj")

@@ -160,6 +160,9 @@ def _lite_mla(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, block: AttentionBloc
     timm pads v with a column of ones so that one product yields both q (k^T v) and its normalizer
     q (k^T 1). A concat does not broadcast a constant over the batch, so here the two come from
     separate products: q (k^T v), and q against the token sum of k.
+
+    There is no softmax, so this is not the graph's ATTENTION op (softmax attention, whose fused
+    kernels keep their statistics in fp32): its products stay separate ops, marked sensitive.
     """
     main, d = f"{block.prefix}.main", block.head_dim
     _, _, height, width = x.shape

@@ -16,7 +16,7 @@ from ..graph import Activation
 from ..graph_builder import GraphBuilder, Tensor
 from . import Family, UnsupportedModel
 from ._layout import LayoutReader, indexed_blocks
-from ._parts import conv, image_input, layer_norm, linear
+from ._parts import conv, image_input, layer_norm, linear, multi_head_attention
 
 _BLOCK = r"^blocks\.(\d+)\."
 
@@ -110,32 +110,9 @@ def _embed(g: GraphBuilder, ckpt: Checkpoint, layout: Layout) -> Tensor:
     return g.add(x, g.constant("pos_embed", ckpt.tensor("pos_embed")), "pos_embed.add")
 
 
-def _attention(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str, layout: Layout) -> Tensor:
-    tokens, heads, head_dim, width = layout.tokens, layout.heads, layout.head_dim, layout.width
-    # timm scales q by head_dim ** -0.5; folded into the q rows of qkv it costs nothing, and for
-    # 64-wide heads it is 1/8, a power of two, so the folded weights are exact.
-    rows = np.ones(3 * width, np.float32)
-    rows[:width] = head_dim**-0.5
-    weight = ckpt.tensor(f"{prefix}.qkv.weight") * rows[:, None]
-    bias = ckpt.tensor(f"{prefix}.qkv.bias") * rows if layout.qkv_bias else None
-    qkv = g.linear(x, f"{prefix}.qkv", weight, bias)  # [1, tokens, (3, heads, head_dim)]
-    qkv = g.reshape(qkv, (tokens, 3 * heads, head_dim), f"{prefix}.split_heads")
-    qkv = g.transpose(qkv, (0, 2, 1, 3), f"{prefix}.split_heads")  # [1, (3, heads), tokens, head_dim]
-    q = g.slice(qkv, 1, 0, heads, f"{prefix}.q")
-    k = g.slice(qkv, 1, heads, 2 * heads, f"{prefix}.k")
-    v = g.slice(qkv, 1, 2 * heads, 3 * heads, f"{prefix}.v")
-    # The attention products are sensitive: fp16 builds keep them, like the softmax, in fp32.
-    scores = g.matmul(q, k, f"{prefix}.scores", transpose_b=True, sensitive=True)
-    weights = g.softmax(scores, -1, f"{prefix}.softmax")
-    out = g.matmul(weights, v, f"{prefix}.mix", sensitive=True)  # [1, heads, tokens, head_dim]
-    out = g.transpose(out, (0, 2, 1, 3), f"{prefix}.merge_heads")
-    out = g.reshape(out, (tokens, width), f"{prefix}.merge_heads")
-    return linear(g, out, ckpt, f"{prefix}.proj")
-
-
 def _emit_block(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str, layout: Layout, arch: ViTConfig) -> Tensor:
     y = layer_norm(g, x, ckpt, f"{prefix}.norm1", arch.norm_eps)
-    x = g.add(x, _attention(g, y, ckpt, f"{prefix}.attn", layout), f"{prefix}.residual1")
+    x = g.add(x, multi_head_attention(g, y, ckpt, f"{prefix}.attn", layout.heads), f"{prefix}.residual1")
     y = layer_norm(g, x, ckpt, f"{prefix}.norm2", arch.norm_eps)
     y = linear(g, y, ckpt, f"{prefix}.mlp.fc1")
     y = g.activation(y, arch.act, f"{prefix}.mlp.act")

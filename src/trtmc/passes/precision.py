@@ -3,9 +3,18 @@
 Guarantees, for the graph it returns:
 - every float op computes in the requested precision, except
   - ops whose name matches an override pattern, which get the override's dtype, and
-  - ops a family marked `sensitive` (softmax, layer-norm statistics, attention matmuls,
+  - ops a family marked `sensitive` (softmax, layer-norm statistics, unfused attention matmuls,
     EfficientViT's division), which stay fp32 in fp16 builds; in bf16 builds they stay fp32 unless
     they are convolutions or matrix products, which stay bf16 (bf16 means bf16);
+- an ATTENTION op computes in the requested precision, even if marked sensitive. Unfused, the
+  scores q k^T would be an fp16 tensor that can overflow and the softmax would sum in fp16, which is
+  why those ops are sensitive. The attention op's lowerings are fused kernels (flash, memory-efficient
+  or cuDNN attention behind `scaled_dot_product_attention`, torch's CPU flash kernel, TensorRT's
+  attention layer) that form the scores in fp32 accumulators and keep the softmax's running max and
+  sum in fp32; only q, k, v, the probabilities fed to the second product and the output are rounded
+  to the build's precision. That is what the fp32 island was for, without an fp32 copy of q, k, v
+  and of the scores in memory. Where TensorRT's attention layer cannot take the op (a value width
+  other than the key's, a TensorRT before 10.14), its lowering computes it in fp32 from primitives;
 - the graph input and outputs keep the I/O dtype (float32 unless asked otherwise);
 - explicit CAST nodes sit wherever a producer's dtype differs from its consumer's (one per producer
   and dtype, right before its first reader; an output's cast to the I/O dtype right after the output
@@ -50,6 +59,8 @@ class PrecisionPolicy:
             if fnmatch.fnmatchcase(node.name, pattern):
                 return dtype
         target = precision_named(self.precision).dtype
+        if node.kind is OpKind.ATTENTION:
+            return target  # its kernels keep the statistics in fp32 (see the module docstring)
         if node.sensitive and target is DType.F16:
             return DType.F32
         if node.sensitive and target is DType.BF16 and node.kind not in _MATH_KINDS:
