@@ -96,8 +96,8 @@ def assign_precision(graph: Graph, policy: PrecisionPolicy) -> Graph:
         return casts[key]
 
     def assign(node: Node) -> list[Node]:
-        if node.kind is OpKind.CAST:
-            raise GraphError(f"{node.name!r}: precision is assigned once, to a graph without casts")
+        if node.kind in (OpKind.CAST, OpKind.QUANTIZE, OpKind.DEQUANTIZE):  # quantize runs after this pass
+            raise GraphError(f"{node.name!r}: precision is assigned once, to a graph without casts or quantization")
         dtype = policy.io_dtype if node.kind is OpKind.INPUT else policy.dtype_for(node)
         emitted: list[Node] = []
         inputs = tuple(read(i, dtype, emitted) for i in node.inputs)
