@@ -1,7 +1,7 @@
 """Lowering the graph to PyTorch: one function per op kind, and an FX graph built from them.
 
 `GraphModule(graph)` is a plain `nn.Module` whose weights are buffers already cast to the dtype of
-the node that reads them; `to_fx(graph)` traces it into a flat `torch.fx.GraphModule`, which is
+the node that reads them (`Node.weight_dtype`: quantize/dequantize scales stay float32); `to_fx(graph)` traces it into a flat `torch.fx.GraphModule`, which is
 what Inductor compiles. Dimension 0 stays free, so one module serves every batch size.
 """
 
@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ..graph import Activation, Binary, DType, Graph, Node, OpKind, PoolMode, Reduction
-from ..precision import PRECISIONS
+from ..precision import PRECISIONS, precision_of
 
 TORCH_DTYPES = {p.dtype: p.torch_dtype for p in PRECISIONS.values()}
 
@@ -49,12 +49,17 @@ def _constant(node, args, w):
     return w(node.attrs.weight)
 
 
+def _weight(node, args, w) -> torch.Tensor:
+    """A convolution's or linear op's weight: its stored one, or its second input (a dequantized weight)."""
+    return args[1] if node.attrs.weight is None else w(node.attrs.weight)
+
+
 @lowering(OpKind.CONV2D)
 def _conv2d(node, args, w):
     a = node.attrs
     x, padding = _pad_if_asymmetric(args[0], a.padding)
     bias = w(a.bias) if a.bias else None
-    return F.conv2d(x, w(a.weight), bias, a.stride, padding, a.dilation, a.groups)
+    return F.conv2d(x, _weight(node, args, w), bias, a.stride, padding, a.dilation, a.groups)
 
 
 @lowering(OpKind.SCALE)
@@ -140,7 +145,7 @@ def _slice(node, args, w):
 @lowering(OpKind.LINEAR)
 def _linear(node, args, w):
     a = node.attrs
-    return F.linear(args[0], w(a.weight), w(a.bias) if a.bias else None)
+    return F.linear(args[0], _weight(node, args, w), w(a.bias) if a.bias else None)
 
 
 @lowering(OpKind.MATMUL)
@@ -182,6 +187,27 @@ def _cast(node, args, w):
     return args[0].to(TORCH_DTYPES[node.attrs.dtype])
 
 
+def _scale(node, w) -> torch.Tensor:
+    """A quantize/dequantize scale (float32), shaped to broadcast along the node's axis."""
+    a = node.attrs
+    if a.axis is None:
+        return w(a.scale)
+    view = [1] * len(node.type.shape)
+    view[a.axis] = -1
+    return w(a.scale).reshape(view)
+
+
+@lowering(OpKind.QUANTIZE)
+def _quantize(node, args, w):
+    # Divided in float32 whatever the input's dtype, as TensorRT's quantize computes.
+    return precision_of(node.attrs.format).to_grid(args[0].float() / _scale(node, w))
+
+
+@lowering(OpKind.DEQUANTIZE)
+def _dequantize(node, args, w):
+    return (args[0].float() * _scale(node, w)).to(TORCH_DTYPES[node.type.dtype])
+
+
 def _buffer_name(key: str) -> str:
     return "w_" + "".join(c if c.isalnum() else "_" for c in key)
 
@@ -193,7 +219,8 @@ def _conv2d_half_via_fp32(node, args, w):
     a = node.attrs
     x, padding = _pad_if_asymmetric(args[0].float(), a.padding)
     bias = w(a.bias).float() if a.bias else None
-    return F.conv2d(x, w(a.weight).float(), bias, a.stride, padding, a.dilation, a.groups).to(args[0].dtype)
+    weight = _weight(node, args, w).float()
+    return F.conv2d(x, weight, bias, a.stride, padding, a.dilation, a.groups).to(args[0].dtype)
 
 
 class GraphModule(torch.nn.Module):
@@ -217,7 +244,7 @@ class GraphModule(torch.nn.Module):
                 name = _buffer_name(key)
                 if name not in registered:
                     registered.add(name)
-                    tensor = torch.from_numpy(graph.weights[key]).to(TORCH_DTYPES[node.type.dtype])
+                    tensor = torch.from_numpy(graph.weights[key]).to(TORCH_DTYPES[node.weight_dtype(key)])
                     self.register_buffer(name, tensor)
                 self._buffers_by_key[key] = name
         self.input_name = graph.inputs[0].name
