@@ -12,7 +12,9 @@ import torch
 import torch.nn.functional as F
 
 from support import photos_for, save_timm_checkpoint
-from trtmc.backends.torch_lowering import GraphModule, to_fx
+from trtmc.backends import EngineSpec
+from trtmc.backends import tensorrt
+from trtmc.backends.torch_lowering import GraphModule, scaled_gemms, to_fx
 from trtmc.graph import (
     Activation,
     DType,
@@ -54,7 +56,7 @@ def small_net_weights(seed: int = 0) -> dict[str, np.ndarray]:
     shapes = {
         "stem": (16, 3, 3, 3), "pw1": (32, 16, 1, 1), "dw": (32, 1, 3, 3), "pw2": (32, 32, 1, 1),
         "pw3": (32, 32, 1, 1), "se.reduce": (8, 32, 1, 1), "se.expand": (32, 8, 1, 1),
-        "mlp": (24, 32), "head": (10, 24),
+        "mlp": (48, 32), "head": (10, 48),
     }
     weights = {}
     for name, shape in shapes.items():
@@ -394,3 +396,62 @@ def test_quantized_graph_traces_to_fx_and_computes_the_same(net):
     x = torch.randn(2, 3, 16, 16)
     with torch.no_grad():
         assert torch.equal(to_fx(graph)(x), GraphModule(graph)(x))
+
+
+# ---- torch._scaled_mm for FP8 1x1 convolutions and linear ops (CUDA's path, its numerics on the CPU) --
+
+
+def test_scaled_gemms_are_the_fp8_pointwise_ops_whose_widths_are_multiples_of_16(net):
+    assert set(scaled_gemms(quantized(net, "fp8"))) == {"pw1", "pw2", "pw3", "mlp"}
+    everything = quantized(net, "fp8", recipe=QuantRecipe(keep_single_position=False, keep_classifier=False))
+    assert set(scaled_gemms(everything)) == {"pw1", "pw2", "pw3", "mlp"}  # se.reduce gives 8 channels, head 10
+    assert scaled_gemms(quantized(net, "int8")) == {}
+
+
+def test_scaled_mm_gemms_give_the_logits_of_the_dequantized_convolutions_in_fp32(net):
+    graph = quantized(net, "fp8", "fp32")
+    x = torch.randn(3, 3, 16, 16, generator=torch.Generator().manual_seed(5))
+    gemms = GraphModule(graph, fp8_gemms=True)
+    traced = torch.fx.symbolic_trace(gemms)  # the batch is free: the row-wise scales trace
+    with torch.no_grad():
+        expected, got = GraphModule(graph)(x), gemms(x)
+        assert torch.equal(traced(x), got)
+    assert set(gemms._fp8_gemms) == {"pw1", "pw2", "pw3", "mlp"}
+    assert sum(n.target is torch._scaled_mm for n in traced.graph.nodes) == 4
+    assert not any(n.target is torch._scaled_mm for n in to_fx(graph).graph.nodes)  # off unless asked for
+    assert relative(got, expected) < 1e-5
+
+
+@pytest.mark.parametrize("precision, ulp", [("fp16", 2.0**-10), ("bf16", 2.0**-7)])
+def test_a_scaled_mm_gemm_rounds_its_half_result_once(net, precision, ulp):
+    # pw1 is the first GEMM, so both paths read the same input; later ones differ by what earlier
+    # roundings pass through the quantizers between them.
+    graph = quantized(net, "fp8", precision)
+    first = Graph(nodes=graph.nodes, weights=graph.weights, outputs=["pw1"])
+    x = torch.randn(3, 3, 16, 16, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        expected = GraphModule(first, half_convolutions_in_fp32=True)(x).float()
+        got = GraphModule(first, fp8_gemms=True)(x)
+    assert got.dtype is PRECISIONS[precision].torch_dtype
+    assert relative(got.float(), expected) <= 2 * ulp
+
+
+def relative(ours: torch.Tensor, reference: torch.Tensor) -> float:
+    return float((ours - reference).abs().max() / reference.abs().max())
+
+
+# ---- TensorRT: every quantized op shape builds (lite0's convolutions: test_quantize_lite0.py) ------
+
+
+@pytest.mark.skipif(tensorrt.trt is None, reason="neither tensorrt nor tensorrt_rtx imports")
+@pytest.mark.parametrize("fmt", QUANTIZED_FORMATS)
+@pytest.mark.parametrize("per_channel", [True, False], ids=["per-channel", "per-tensor"])
+def test_tensorrt_plans_build_for_quantized_convolutions_token_and_vector_linear_ops(net, fmt, per_channel):
+    recipe = QuantRecipe(fmt, per_channel, keep_single_position=False, keep_classifier=False)
+    graph = quantized(net, fmt, "fp16", recipe)
+    assert {n.name for n in graph.nodes if n.kind in (OpKind.CONV2D, OpKind.LINEAR) and n.attrs.weight is None} == (
+        QUANTIZED_OPS | {"se.reduce", "se.expand", "head"}  # 1x1 maps, tokens [1, 256, 32] and a vector [1, 48]
+    )
+    record = tensorrt.build(graph, EngineSpec("tensorrt", "cuda", "fp16", max_batch=2)).record
+    assert record["plan_bytes"] > 0
+    assert record["layer_precisions"]["DEQUANTIZE"] == {PRECISIONS[fmt].dtype.value: 6 + 7}  # 7 weights, 6 inputs: pw2 and pw3 share one

@@ -7,6 +7,8 @@ what Inductor compiles. Dimension 0 stays free, so one module serves every batch
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -208,6 +210,60 @@ def _dequantize(node, args, w):
     return (args[0].float() * _scale(node, w)).to(TORCH_DTYPES[node.type.dtype])
 
 
+@dataclass(frozen=True)
+class ScaledGemm:
+    """A quantized op that `torch._scaled_mm` runs as one FP8 GEMM on its stored operands."""
+
+    activation: str  # the QUANTIZE node: the GEMM's rows (pixels or tokens) by input channels
+    weight: str  # the FP8 constant: [out, in(, 1, 1)]
+    input_scale: str
+    weight_scale: str
+
+
+def scaled_gemms(graph: Graph) -> dict[str, ScaledGemm]:
+    """The quantized ops of `graph` that `_scaled_gemm` can run: FP8 linear ops and 1x1 convolutions
+    (stride 1, unpadded, ungrouped) with a per-tensor input scale and input and output widths that
+    are multiples of 16, as cuBLASLt's FP8 GEMMs require; keyed by op name."""
+    nodes = {n.name: n for n in graph.nodes}
+    found = {}
+    for node in graph.nodes:
+        if node.kind not in (OpKind.CONV2D, OpKind.LINEAR) or node.attrs.weight is not None:
+            continue
+        x_dq, w_dq = nodes[node.inputs[0]], nodes[node.inputs[1]]
+        q = nodes[x_dq.inputs[0]] if x_dq.kind is OpKind.DEQUANTIZE else x_dq
+        out_c, in_c = w_dq.type.shape[:2]
+        a = node.attrs
+        pointwise = node.kind is OpKind.LINEAR or (
+            w_dq.type.shape[2:] == (1, 1) and a.stride == (1, 1) and a.padding == (0, 0, 0, 0) and a.groups == 1
+        )
+        fp8 = q.kind is OpKind.QUANTIZE and q.attrs.format is DType.F8E4M3 and q.attrs.axis is None
+        if pointwise and fp8 and w_dq.attrs.format is DType.F8E4M3 and in_c % 16 == 0 and out_c % 16 == 0:
+            found[node.name] = ScaledGemm(q.name, w_dq.inputs[0], x_dq.attrs.scale, w_dq.attrs.scale)
+    return found
+
+
+def _scaled_gemm(gemm: ScaledGemm, node, args, w):
+    """`node` as torch._scaled_mm of its FP8 input rows and FP8 kernel, fp32 accumulation, the input
+    and per-channel weight scales applied once to the sum, then the bias. A 1x1 convolution's rows
+    are its pixels (NHWC: a view when the input is channels-last, as on CUDA)."""
+    x, kernel = args
+    out_c, in_c = kernel.shape[0], kernel.shape[1]
+    conv = node.kind is OpKind.CONV2D
+    rows = x.permute(0, 2, 3, 1).reshape(-1, in_c) if conv else x.reshape(-1, in_c)
+    # Row-wise scaling: one scale per row (all equal: the input's) and one per output channel. The
+    # row count is the batch's, known at run time only: expand_as traces where expand(n, 1) cannot.
+    scale_a = w(gemm.input_scale).reshape(1, 1).expand_as(rows[:, :1]).contiguous()
+    scale_b = w(gemm.weight_scale).reshape(1, -1).expand(1, out_c).contiguous()
+    y = torch._scaled_mm(
+        rows, kernel.reshape(out_c, in_c).t(), scale_a=scale_a, scale_b=scale_b, out_dtype=TORCH_DTYPES[node.type.dtype]
+    )
+    if node.attrs.bias:
+        y = y + w(node.attrs.bias)
+    if conv:
+        return y.reshape(-1, node.type.shape[2], node.type.shape[3], out_c).permute(0, 3, 1, 2)
+    return y.reshape((-1,) + node.type.shape[1:])
+
+
 def _buffer_name(key: str) -> str:
     return "w_" + "".join(c if c.isalnum() else "_" for c in key)
 
@@ -227,12 +283,18 @@ class GraphModule(torch.nn.Module):
     """Runs a graph op by op; the weights are buffers in the dtype of the node that reads them.
 
     `half_convolutions_in_fp32` selects `_conv2d_half_via_fp32` for fp16/bf16 convolutions (CPU
-    reference runs); engines never set it.
+    reference runs); engines never set it. `fp8_gemms` runs the ops `scaled_gemms(graph)` finds as
+    torch._scaled_mm GEMMs instead of convolutions of dequantized values (same numbers up to fp32
+    summation order, checked on the CPU).
+    TODO(GPU step): the inductor backend should set it for CUDA builds of FP8 graphs, after the H200
+    shows it pays (issue 13: FP8 GEMMs win only at large batch) and which scaled_mm out_dtypes its
+    torch accepts with row-wise scales.
     """
 
-    def __init__(self, graph: Graph, *, half_convolutions_in_fp32: bool = False) -> None:
+    def __init__(self, graph: Graph, *, half_convolutions_in_fp32: bool = False, fp8_gemms: bool = False) -> None:
         super().__init__()
         self.half_convolutions_in_fp32 = half_convolutions_in_fp32
+        self._fp8_gemms = scaled_gemms(graph) if fp8_gemms else {}
         missing = [k.value for k in OpKind if k not in LOWERINGS]
         if missing:
             raise NotImplementedError(f"no torch lowering for {', '.join(missing)}")
@@ -257,6 +319,9 @@ class GraphModule(torch.nn.Module):
             lower = LOWERINGS[node.kind]
             if self.half_convolutions_in_fp32 and node.kind is OpKind.CONV2D and node.type.dtype is not DType.F32:
                 lower = _conv2d_half_via_fp32
+            if node.name in self._fp8_gemms:
+                gemm = self._fp8_gemms[node.name]
+                args, lower = [values[gemm.activation], values[gemm.weight]], functools.partial(_scaled_gemm, gemm)
             values[node.name] = lower(node, args, weight)
         outputs = [values[o] for o in self.graph_ir.outputs]
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
