@@ -271,7 +271,7 @@ def test_name_glob_overrides_decide_before_the_structure(net):
     recipe = QuantRecipe(overrides=(LayerOverride("pw[12]", False), LayerOverride("dw", True)))
     chosen = {c.name for c in choose_layers(folded, recipe, scales) if c.quantize}
     assert chosen == {"pw3", "mlp", "dw"}
-    with pytest.raises(UnmatchedOverride, match=r"'blocks\.\*' matches no convolution or linear op; .* e\.g\. "):
+    with pytest.raises(UnmatchedOverride, match=r"pattern 'blocks\.\*' matches no convolution or linear op; .* e\.g\. "):
         choose_layers(folded, QuantRecipe(overrides=(LayerOverride("blocks.*", False),)), scales)
 
 

@@ -177,7 +177,10 @@ def _weight_shape(what: str, a: Any, site: Site) -> tuple[int, ...]:
     from its second input, which must be a dequantized weight (the quantized weight path)."""
     if a.weight is not None:
         if len(site.inputs) != 1:
-            raise GraphError(f"{what} {site.name!r} has its weight {a.weight!r} and reads {len(site.inputs)} inputs; it reads 1")
+            raise GraphError(
+                f"{what} {site.name!r} has its weight {a.weight!r} in its attributes and reads {len(site.inputs)} "
+                "inputs; it reads one"
+            )
         return site.weight(a.weight)
     if len(site.inputs) != 2 or site.inputs[1].kind is not OpKind.DEQUANTIZE:
         reads = ", ".join(f"{i.kind.value} {i.name!r}" for i in site.inputs)
@@ -338,12 +341,16 @@ def _scale_shape(what: str, a: Any, site: Site) -> None:
     want = (1,) if a.axis is None else (site.x.shape[a.axis],)
     if site.weight(a.scale) != want:
         per = "per tensor" if a.axis is None else f"per index of axis {a.axis} of {site.x.shape}"
-        raise GraphError(f"{what} {site.name!r}: scale {a.scale!r} has shape {site.weight(a.scale)}, {per} it needs {want}")
+        raise GraphError(
+            f"{what} {site.name!r}: scale {a.scale!r} has shape {site.weight(a.scale)}, {per} it needs {want}"
+        )
 
 
 def _quantized_format(what: str, a: Any, site: Site) -> DType:
     if not quantized(a.format):
-        raise GraphError(f"{what} {site.name!r}: {a.format.value} is not a quantized format; use a cast to change float dtypes")
+        raise GraphError(
+            f"{what} {site.name!r}: {a.format.value} is not a quantized format; a cast changes float dtypes"
+        )
     return a.format
 
 

@@ -1,8 +1,10 @@
 """Lowering the graph to PyTorch: one function per op kind, and an FX graph built from them.
 
 `GraphModule(graph)` is a plain `nn.Module` whose weights are buffers already cast to the dtype of
-the node that reads them (`Node.weight_dtype`: quantize/dequantize scales stay float32); `to_fx(graph)` traces it into a flat `torch.fx.GraphModule`, which is
-what Inductor compiles. Dimension 0 stays free, so one module serves every batch size.
+the node that reads them (`Node.weight_dtype`: quantize/dequantize scales stay float32);
+`to_fx(graph)` traces it into a flat `torch.fx.GraphModule`, which is what Inductor compiles.
+Dimension 0 stays free, so one module serves every batch size. FP8 1x1 convolutions and linear ops
+can run as `torch._scaled_mm` GEMMs (`GraphModule(graph, fp8_gemms=True)`).
 """
 
 from __future__ import annotations

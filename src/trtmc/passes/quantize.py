@@ -19,7 +19,6 @@ norm still follows, a graph that is already quantized, and override patterns tha
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import fnmatch
 import statistics
 from dataclasses import dataclass
@@ -30,11 +29,10 @@ import numpy as np
 from ..graph import ConstantAttrs, DType, Graph, GraphError, Node, OpKind, QuantAttrs, TensorType
 from ..precision import Precision
 from ..quantization import QUANTIZABLE, CalibrationScales, QuantRecipe
-from .precision import UnmatchedOverride
+from .precision import require_matches
 from .rewrite import graph_pass, rewrite
 
 _PASSTHROUGH = (OpKind.CAST, OpKind.RESHAPE)  # between the classifier and the logits
-_EXAMPLES = 3
 
 
 @dataclass(frozen=True)
@@ -87,17 +85,6 @@ def _override(name: str, recipe: QuantRecipe):
     return next((o for o in recipe.overrides if fnmatch.fnmatchcase(name, o.pattern)), None)
 
 
-def _require_overrides_match(ops: list[Node], recipe: QuantRecipe) -> None:
-    names = [n.name for n in ops]
-    unmatched = [o.pattern for o in recipe.overrides if not fnmatch.filter(names, o.pattern)]
-    if unmatched:
-        examples = difflib.get_close_matches(unmatched[0], names, n=_EXAMPLES, cutoff=0.0)
-        raise UnmatchedOverride(
-            f"quantization override {', '.join(repr(p) for p in unmatched)} matches no convolution or linear op; "
-            f"ops are named after checkpoint modules, e.g. {', '.join(repr(e) for e in examples)}: fix the pattern"
-        )
-
-
 def _kernel_amax(graph: Graph, node: Node) -> float:
     return float(np.abs(graph.weights[node.attrs.weight]).max())
 
@@ -124,7 +111,8 @@ def choose_layers(graph: Graph, recipe: QuantRecipe, scales: CalibrationScales) 
     _require_unquantized(graph)
     nodes = {n.name: n for n in graph.nodes}
     ops = [n for n in graph.nodes if n.kind in QUANTIZABLE]
-    _require_overrides_match(ops, recipe)
+    patterns = [o.pattern for o in recipe.overrides]
+    require_matches(patterns, [n.name for n in ops], "convolution or linear op", "fix the recipe's override")
     classifiers = _classifiers(graph)
     reasons: dict[str, str | None] = {}
     for node in ops:
@@ -154,7 +142,7 @@ def quantize_weight(weight: np.ndarray, fmt: Precision, per_channel: bool) -> tu
     import torch
 
     weight = np.asarray(weight, dtype=np.float32)
-    magnitude = np.abs(weight).reshape(weight.shape[0], -1).max(axis=1) if per_channel else np.abs(weight).max(keepdims=True).reshape(1)
+    magnitude = np.abs(weight).reshape(weight.shape[0] if per_channel else 1, -1).max(axis=1)
     scale = (magnitude.astype(np.float64) / fmt.largest).astype(np.float32)
     scale[scale == 0] = 1.0  # an all-zero channel is stored exactly with any scale
     view = scale.reshape((-1,) + (1,) * (weight.ndim - 1)) if per_channel else scale
@@ -198,8 +186,9 @@ class _Inserter:
         self.taken.add(name)
         return name
 
-    def node(self, name: str, kind: OpKind, inputs: tuple[str, ...], attrs, shape, dtype: DType, source: str) -> Node:
-        return Node(self.unique(name), kind, inputs, attrs, TensorType(tuple(shape), dtype), source)
+    def node(self, op: Node, suffix: str, kind: OpKind, inputs: tuple[str, ...], attrs, type_: TensorType) -> Node:
+        """A node for `op`'s quantization, named and sourced after it."""
+        return Node(self.unique(f"{op.name}.{suffix}"), kind, inputs, attrs, type_, op.source)
 
     def input_pair(self, op: Node, x: Node) -> tuple[list[Node], str]:
         """QUANTIZE -> DEQUANTIZE of `op`'s input, and the dequantize's name (no new nodes when an
@@ -211,8 +200,8 @@ class _Inserter:
         scale_key = f"{op.name}.input_scale"
         self.weights[scale_key] = np.array([scale], dtype=np.float32)
         attrs = QuantAttrs(scale_key, None, self.fmt.dtype)
-        q = self.node(f"{op.name}.input.q", OpKind.QUANTIZE, (x.name,), attrs, x.type.shape, self.fmt.dtype, op.source)
-        dq = self.node(f"{op.name}.input.dq", OpKind.DEQUANTIZE, (q.name,), attrs, x.type.shape, op.type.dtype, op.source)
+        q = self.node(op, "input.q", OpKind.QUANTIZE, (x.name,), attrs, TensorType(x.type.shape, self.fmt.dtype))
+        dq = self.node(op, "input.dq", OpKind.DEQUANTIZE, (q.name,), attrs, TensorType(x.type.shape, op.type.dtype))
         self.shared[key] = dq.name
         return [q, dq], dq.name
 
@@ -221,9 +210,10 @@ class _Inserter:
         values, scale = quantize_weight(self.weights.pop(op.attrs.weight), self.fmt, self.per_channel)
         values_key, scale_key = f"{op.name}.weight_q", f"{op.name}.weight_scale"
         self.weights[values_key], self.weights[scale_key] = values, scale
-        stored = self.node(f"{op.name}.weight.q", OpKind.CONSTANT, (), ConstantAttrs(values_key), values.shape, self.fmt.dtype, op.source)
+        shape = tuple(values.shape)
+        stored = self.node(op, "weight.q", OpKind.CONSTANT, (), ConstantAttrs(values_key), TensorType(shape, self.fmt.dtype))
         attrs = QuantAttrs(scale_key, 0 if self.per_channel else None, self.fmt.dtype)
-        dq = self.node(f"{op.name}.weight.dq", OpKind.DEQUANTIZE, (stored.name,), attrs, values.shape, op.type.dtype, op.source)
+        dq = self.node(op, "weight.dq", OpKind.DEQUANTIZE, (stored.name,), attrs, TensorType(shape, op.type.dtype))
         return [stored, dq]
 
     def replace(self, op: Node) -> list[Node]:
