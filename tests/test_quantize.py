@@ -275,6 +275,12 @@ def test_name_glob_overrides_decide_before_the_structure(net):
         choose_layers(folded, QuantRecipe(overrides=(LayerOverride("blocks.*", False),)), scales)
 
 
+def test_a_recipe_survives_json_as_study_reports_keep_it():
+    recipe = QuantRecipe("int8", per_channel_weights=False, overrides=(LayerOverride("blocks.*.se.*", True),))
+    assert QuantRecipe.from_json(json.loads(json.dumps(recipe.to_json()))) == recipe
+    assert FP8_RECIPE.to_json()["outlier_ratio"] == 20.0 and FP8_RECIPE.precision.largest == 448.0
+
+
 def test_a_scale_above_20x_the_median_of_its_kind_stays_in_the_compute_precision(net):
     _, folded, _, scales = net
     amax = dict(scales.input_amax)

@@ -20,7 +20,7 @@ reports. `calibrate` measures it by running the float32 graph with torch, on CPU
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
@@ -67,16 +67,7 @@ class QuantRecipe:
         return precision_named(self.format, QUANTIZED_FORMATS)
 
     def to_json(self) -> dict:
-        return {
-            "format": self.format,
-            "per_channel_weights": self.per_channel_weights,
-            "outlier_ratio": self.outlier_ratio,
-            "stem_channels": self.stem_channels,
-            "keep_grouped": self.keep_grouped,
-            "keep_single_position": self.keep_single_position,
-            "keep_classifier": self.keep_classifier,
-            "overrides": [{"pattern": o.pattern, "quantize": o.quantize} for o in self.overrides],
-        }
+        return {**asdict(self), "overrides": [asdict(o) for o in self.overrides]}
 
     @classmethod
     def from_json(cls, data: dict) -> "QuantRecipe":
