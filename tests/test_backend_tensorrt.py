@@ -7,6 +7,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+import torch
 
 from trtmc.backends import Batching, EngineEntry, EngineSpec
 from trtmc.backends import tensorrt as backend
@@ -28,6 +29,8 @@ from trtmc.graph import (
 )
 from trtmc.graph_builder import GraphBuilder
 from trtmc.passes.precision import PrecisionPolicy, assign_precision
+from trtmc.passes.quantize import quantize
+from trtmc.quantization import FP8_RECIPE, calibrate
 
 needs_builder = pytest.mark.skipif(backend.trt is None, reason="neither tensorrt nor tensorrt_rtx imports")
 
@@ -71,6 +74,12 @@ def every_op_graph() -> Graph:
     return b.finish()
 
 
+def typed_every_op_graph(precision: str) -> Graph:
+    """every_op_graph in `precision`, its linear ops on tokens in FP8 (the default recipe's choice)."""
+    scales = calibrate(every_op_graph(), [torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(0))])
+    return quantize(assign_precision(every_op_graph(), PrecisionPolicy(precision)), FP8_RECIPE, scales)
+
+
 def conv_graph() -> Graph:
     r = np.random.default_rng(1)
     b = GraphBuilder()
@@ -95,14 +104,14 @@ def test_registering_a_lowering_twice_is_an_error():
 
 
 def test_the_every_op_graph_uses_every_op_kind():
-    graph = assign_precision(every_op_graph(), PrecisionPolicy("fp16"))
+    graph = typed_every_op_graph("fp16")
     assert {n.kind for n in graph.nodes} == set(OpKind)
 
 
 @needs_builder
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
 def test_every_op_kind_builds_a_plan(precision):
-    graph = assign_precision(every_op_graph(), PrecisionPolicy(precision))
+    graph = typed_every_op_graph(precision)
     progress: list[str] = []
     built = backend.build(graph, spec(precision, max_batch=4), progress.append)
 

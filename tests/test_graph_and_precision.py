@@ -154,6 +154,8 @@ def test_every_precision_in_the_table_has_its_torch_and_tensorrt_dtypes_and_host
     if trt is not None:
         assert trt_dtype(precision.dtype) == getattr(trt.DataType, precision.tensorrt_name)
     values = np.array([[0.1, -2.5, 300.0], [3.0e-3, 0.0, -7.75]], np.float32)  # in range of every format
+    if precision.quantized:  # a quantized format holds values already scaled onto its grid
+        values = np.array([[1.0, -3.0, 96.0], [0.0, 5.0, -7.0]], np.float32)
     host = host_array(values, precision.dtype)
     assert host.nbytes == values.size * precision.torch_dtype.itemsize
     as_torch = torch.from_numpy(host).view(precision.torch_dtype)

@@ -11,6 +11,7 @@ import pkgutil
 
 import numpy as np
 import pytest
+import torch
 
 import trtmc.passes
 from trtmc.graph import (
@@ -31,7 +32,9 @@ from trtmc.graph import (
 from trtmc.graph_builder import GraphBuilder
 from trtmc.passes.fold_batch_norm import fold_batch_norm
 from trtmc.passes.precision import PrecisionPolicy, assign_precision
+from trtmc.passes.quantize import quantize
 from trtmc.passes.rewrite import graph_pass, rewrite
+from trtmc.quantization import LayerOverride, QuantRecipe, calibrate
 from trtmc.type_inference import RULES
 
 
@@ -57,6 +60,13 @@ def every_enum_graph() -> Graph:
     t = g.reshape(g.attention(heads, heads, heads, "mha", scale=0.5, bias=r.standard_normal((1, 1, 8, 8))), (8, 8), "mha.merge")
     g.output(g.linear(g.flatten(t, "flat"), "head", r.standard_normal((5, 64))))
     return g.finish()
+
+
+def head_in_fp8(graph: Graph) -> Graph:
+    """`graph` (an every_enum_graph) with its head linear op in FP8, by an override: the recipe would
+    keep a classifier in the compute precision."""
+    scales = calibrate(every_enum_graph(), [torch.randn(2, 3, 12, 12, generator=torch.Generator().manual_seed(0))])
+    return quantize(graph, QuantRecipe(overrides=(LayerOverride("head", True),)), scales)
 
 
 def with_type(graph: Graph, name: str, type_: TensorType) -> Graph:
@@ -114,7 +124,7 @@ def test_builder_refuses_what_verify_refuses_before_adding_anything():
 
 
 def test_enum_attributes_come_back_from_json_as_their_annotated_enums():
-    graph = assign_precision(every_enum_graph(), PrecisionPolicy("fp16"))
+    graph = head_in_fp8(assign_precision(every_enum_graph(), PrecisionPolicy("fp16")))
     again = Graph.from_json(json.loads(graph.dumps()), graph.weights)
     assert again.nodes == graph.nodes
     seen: set[type] = set()
@@ -134,6 +144,7 @@ def test_enum_attributes_come_back_from_json_as_their_annotated_enums():
 PASS_CALLS = {
     "fold_batch_norm": lambda graph: fold_batch_norm(graph),
     "assign_precision": lambda graph: assign_precision(graph, PrecisionPolicy("fp16")),
+    "quantize": head_in_fp8,
 }
 
 

@@ -1,8 +1,9 @@
 """The typed dataflow graph that families emit and backends lower.
 
-Every tensor has a static shape and a dtype. Dimension 0 is the batch: the graph records it as 1 and
-it is the only dimension a backend may vary at run time, so every op is batch-preserving (reshapes
-and transposes never touch dimension 0). Nodes are named after the checkpoint module they came
+Every tensor has a static shape and a dtype. Dimension 0 is the batch (of every tensor but a stored
+quantized weight: see `trtmc.ops`): the graph records it as 1 and it is the only dimension a backend
+may vary at run time, so every op is batch-preserving (reshapes and transposes never touch
+dimension 0). Nodes are named after the checkpoint module they came
 from, made unique by one helper, so precision rules, reports and TensorRT layer names map back to
 the checkpoint. Weights are float32 numpy arrays owned by the graph; lowerings cast them to the
 dtype of the node that uses them.
@@ -29,7 +30,7 @@ import numpy as np
 from .ops import *  # noqa: F401,F403
 from .ops import ATTRS, GraphError, Node, OpKind, TensorType
 from .precision import DType
-from .type_inference import Site, infer_type, input_nodes
+from .type_inference import Site, holds_weight, infer_type, input_nodes
 
 
 @dataclass
@@ -69,9 +70,10 @@ class Graph:
     # ---- invariants ----
 
     def verify(self) -> None:
-        """Topological order, unique names, known weights, batch 1, and every node's recorded type
-        equal to what its kind's rule (`trtmc.type_inference`) infers from its inputs, attributes
-        and weights; raises GraphError naming the first node that breaks one."""
+        """Topological order, unique names, known weights, batch 1 (stored quantized weights aside: see
+        `trtmc.ops`), and every node's recorded type equal to what its kind's rule
+        (`trtmc.type_inference`) infers from its inputs, attributes and weights; raises GraphError
+        naming the first node that breaks one."""
         seen: dict[str, Node] = {}
         for n in self.nodes:
             if n.name in seen:
@@ -88,7 +90,7 @@ class Graph:
                 raise GraphError(
                     f"node {n.name!r} records {n.type}, but {n.kind.value}({reads}) gives {implied}{fix}"
                 )
-            if n.type.shape and n.type.shape[0] != 1:
+            if n.type.shape and n.type.shape[0] != 1 and not holds_weight(n, site.inputs):
                 raise GraphError(f"node {n.name!r}: the graph records batch 1, got {n.type.shape}")
             seen[n.name] = n
         for o in self.outputs:

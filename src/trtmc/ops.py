@@ -2,6 +2,24 @@
 
 `trtmc.graph` re-exports every name here; families, passes and backends import them from there.
 How each kind's output type follows from its inputs and attributes is `trtmc.type_inference`.
+
+Quantized tensors (FP8 E4M3, INT8: the `quantized` rows of `trtmc.precision`) appear only between a
+QUANTIZE and the DEQUANTIZE that reads it; no other op reads them. A quantized convolution or linear
+op reads its weight as a second input instead of from its attributes (`weight=None`):
+
+    %x.q  : f8e4m3[1,16,56,56] = quantize(%x, format=f8e4m3)            per-tensor activation scale
+    %x.dq : f16[1,16,56,56]    = dequantize(%x.q, format=f8e4m3)
+    %conv.weight.q  : f8e4m3[24,16,1,1] = constant()                      the kernel, stored quantized
+    %conv.weight.dq : f16[24,16,1,1]    = dequantize(%conv.weight.q, axis=0, format=f8e4m3)
+    %conv : f16[1,24,56,56] = conv2d(%x.dq, %conv.weight.dq, ...)         bias stays in its attributes
+
+This is the pattern TensorRT's strongly typed networks fuse into an FP8/INT8 convolution (a kernel
+tensor set as the layer's second input), and the one torch lowers literally, so one graph means the
+same in both backends; a weight scale kept in the conv's attributes instead would have hidden the
+quantization from verify() and from every reader of the graph. A quantized constant is a stored
+weight in its own layout ([out, in, kh, kw], [out, in]), not a tensor broadcast over the batch, so
+its dimension 0 is the output channel, the axis its per-channel dequantize scales; it and its
+dequantized value are the graph's only tensors whose dimension 0 is not the batch.
 """
 
 from __future__ import annotations
@@ -17,7 +35,7 @@ __all__ = [
     "OpKind", "Activation", "Binary", "Reduction", "PoolMode",
     "InputAttrs", "ConstantAttrs", "Conv2dAttrs", "ScaleAttrs", "ActivationAttrs", "Pool2dAttrs", "ReduceAttrs",
     "ElementwiseAttrs", "ConcatAttrs", "SliceAttrs", "LinearAttrs", "MatmulAttrs", "SoftmaxAttrs",
-    "NormalizationAttrs", "ReshapeAttrs", "TransposeAttrs", "CastAttrs", "AttentionAttrs", "ATTRS",
+    "NormalizationAttrs", "ReshapeAttrs", "TransposeAttrs", "CastAttrs", "AttentionAttrs", "QuantAttrs", "ATTRS",
     "TensorType", "Node", "GraphError", "DType",
 ]
 
@@ -41,6 +59,8 @@ class OpKind(str, Enum):
     TRANSPOSE = "transpose"
     CAST = "cast"
     ATTENTION = "attention"
+    QUANTIZE = "quantize"
+    DEQUANTIZE = "dequantize"
 
 
 class Activation(str, Enum):
@@ -90,7 +110,7 @@ class ConstantAttrs:
 
 @dataclass(frozen=True)
 class Conv2dAttrs:
-    weight: str
+    weight: str | None  # None: the kernel is the node's second input (a dequantized weight)
     bias: str | None
     stride: tuple[int, int]
     padding: tuple[int, int, int, int]  # top, left, bottom, right: TF "SAME" is asymmetric
@@ -149,7 +169,7 @@ class SliceAttrs:
 class LinearAttrs:
     """y = x @ weight.T + bias over the last axis; weight is [out, in]."""
 
-    weight: str
+    weight: str | None  # None: the weight is the node's second input (a dequantized weight)
     bias: str | None
 
 
@@ -205,6 +225,17 @@ class AttentionAttrs:
     bias: str | None = None
 
 
+@dataclass(frozen=True)
+class QuantAttrs:
+    """QUANTIZE: x / scale, saturated and rounded into `format`. DEQUANTIZE: a `format` value times
+    scale, in the node's dtype. `scale` is a float32 weight of shape (1,) with `axis` None (one scale
+    per tensor), or one scale per index of `axis` (per channel: axis 0 of a stored weight)."""
+
+    scale: str
+    axis: int | None
+    format: DType  # the quantized dtype, e.g. DType.F8E4M3
+
+
 ATTRS: dict[OpKind, type] = {
     OpKind.INPUT: InputAttrs,
     OpKind.CONSTANT: ConstantAttrs,
@@ -224,6 +255,8 @@ ATTRS: dict[OpKind, type] = {
     OpKind.TRANSPOSE: TransposeAttrs,
     OpKind.CAST: CastAttrs,
     OpKind.ATTENTION: AttentionAttrs,
+    OpKind.QUANTIZE: QuantAttrs,
+    OpKind.DEQUANTIZE: QuantAttrs,
 }
 
 
@@ -245,6 +278,13 @@ class Node:
     type: TensorType
     source: str  # the checkpoint module path the op came from
     sensitive: bool = False  # overflow-prone in fp16: the precision pass may keep it in fp32
+
+    def weight_dtype(self, key: str) -> DType:
+        """The dtype a lowering hands weight `key` to this node in: the node's own dtype, except a
+        quantize/dequantize scale, which stays f32 whatever format it scales."""
+        if self.kind in (OpKind.QUANTIZE, OpKind.DEQUANTIZE) and key == self.attrs.scale:
+            return DType.F32
+        return self.type.dtype
 
     def weight_keys(self) -> list[str]:
         keys = []

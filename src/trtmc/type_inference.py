@@ -7,7 +7,10 @@ graph, so a pass that records a type its inputs do not give is caught where it h
 
 Dtypes follow one rule unless a kind says otherwise: an op computes in the dtype of its inputs, and
 they must agree (a change of dtype is a CAST). Inputs and constants take the dtype they are
-assigned; a CAST gives its attribute's dtype.
+assigned; a CAST gives its attribute's dtype. Quantized dtypes (FP8, INT8) have their own edges:
+only a QUANTIZE (or a constant holding a stored quantized weight) produces one, only a DEQUANTIZE
+reads one, and a dequantize gives the float dtype it is assigned (see `trtmc.ops` for the weight
+path of a quantized convolution or linear op).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from .ops import GraphError, Node, OpKind, TensorType
-from .precision import DType
+from .precision import DType, precision_of
 
 
 @dataclass(frozen=True)
@@ -87,10 +90,41 @@ def infer_type(kind: OpKind, attrs: Any, site: Site) -> TensorType:
         raise GraphError(f"{kind.value} {site.name!r} reads {rule_.arity} inputs, got {len(site.inputs)}")
     if rule_.arity is None and not site.inputs:
         raise GraphError(f"{kind.value} {site.name!r} needs at least one input")
+    _check_quantized_edges(kind, site)
     shape = tuple(int(d) for d in rule_.shape(attrs, site))
     if any(d <= 0 for d in shape):
         raise GraphError(f"{kind.value} {site.name!r} would produce an empty shape {shape}")
-    return TensorType(shape, rule_.dtype(attrs, site))
+    dtype = rule_.dtype(attrs, site)
+    if quantized(dtype) and kind not in (OpKind.QUANTIZE, OpKind.CONSTANT):
+        raise GraphError(
+            f"{kind.value} {site.name!r} would produce {dtype.value}: quantized tensors come only from a quantize "
+            "(or a constant holding a quantized weight)"
+        )
+    return TensorType(shape, dtype)
+
+
+def quantized(dtype: DType) -> bool:
+    return precision_of(dtype).quantized
+
+
+def holds_weight(node: Node, inputs: Sequence[Node]) -> bool:
+    """Whether `node` is a stored weight rather than a batched tensor: a quantized constant (in the
+    weight's own layout, e.g. [out, in, kh, kw]) or its dequantized value. Their dimension 0 is the
+    output channel, not the batch."""
+    if node.kind is OpKind.CONSTANT:
+        return quantized(node.type.dtype)
+    return node.kind is OpKind.DEQUANTIZE and inputs[0].kind is OpKind.CONSTANT
+
+
+def _check_quantized_edges(kind: OpKind, site: Site) -> None:
+    if kind is OpKind.DEQUANTIZE:
+        return
+    for i in site.inputs:
+        if quantized(i.type.dtype):
+            raise GraphError(
+                f"{kind.value} {site.name!r} reads {i.name!r}, a quantized {i.type.dtype.value} tensor: only a "
+                "dequantize reads quantized values; read the tensor the quantize read, or dequantize it first"
+            )
 
 
 # ---- helpers shared by the rules ---------------------------------------------------------------
@@ -132,15 +166,36 @@ def _input(a, site: Site):
 @rule(OpKind.CONSTANT, arity=0, dtype=_assigned)
 def _constant(a, site: Site):
     shape = site.weight(a.weight)
+    if shape and quantized(site.declared.dtype):  # a stored weight in its own layout (see holds_weight)
+        return shape
     if not shape or shape[0] != 1:
         raise GraphError(f"constant {site.name!r} needs a leading broadcast dimension of 1, got {shape}")
     return shape
 
 
-@rule(OpKind.CONV2D)
+def _weight_shape(what: str, a: Any, site: Site) -> tuple[int, ...]:
+    """The shape of a convolution's or linear op's weight: from its attributes, or, with weight=None,
+    from its second input, which must be a dequantized weight (the quantized weight path)."""
+    if a.weight is not None:
+        if len(site.inputs) != 1:
+            raise GraphError(
+                f"{what} {site.name!r} has its weight {a.weight!r} in its attributes and reads {len(site.inputs)} "
+                "inputs; it reads one"
+            )
+        return site.weight(a.weight)
+    if len(site.inputs) != 2 or site.inputs[1].kind is not OpKind.DEQUANTIZE:
+        reads = ", ".join(f"{i.kind.value} {i.name!r}" for i in site.inputs)
+        raise GraphError(
+            f"{what} {site.name!r} has no weight in its attributes, so it must read its input and a dequantized "
+            f"weight; it reads {reads}"
+        )
+    return site.inputs[1].type.shape
+
+
+@rule(OpKind.CONV2D, arity=None)
 def _conv2d(a, site: Site):
     n, c, h, w = _image("conv", site)
-    weight = site.weight(a.weight)
+    weight = _weight_shape("conv", a, site)
     if len(weight) != 4:
         raise GraphError(f"conv {site.name!r}: weight must be [out, in/groups, kh, kw], got {weight}")
     out_c, in_per_group, kh, kw = weight
@@ -226,9 +281,9 @@ def _slice(a, site: Site):
     return tuple(a.stop - a.start if i == axis else d for i, d in enumerate(shape))
 
 
-@rule(OpKind.LINEAR)
+@rule(OpKind.LINEAR, arity=None)
 def _linear(a, site: Site):
-    shape, weight = site.x.shape, site.weight(a.weight)
+    shape, weight = site.x.shape, _weight_shape("linear", a, site)
     if len(weight) != 2 or weight[1] != shape[-1]:
         raise GraphError(f"linear {site.name!r}: weight {weight} does not take input {shape}")
     if a.bias is not None and site.weight(a.bias) != (weight[0],):
@@ -301,6 +356,54 @@ def _attention(a, site: Site):
                 "(it is the same for every image: its leading dimension is 1)"
             )
     return q[:3] + v[3:]
+
+
+def _scale_shape(what: str, a: Any, site: Site) -> None:
+    """The scale holds one value (axis None) or one per index of `axis`."""
+    want = (1,) if a.axis is None else (site.x.shape[a.axis],)
+    if site.weight(a.scale) != want:
+        per = "per tensor" if a.axis is None else f"per index of axis {a.axis} of {site.x.shape}"
+        raise GraphError(
+            f"{what} {site.name!r}: scale {a.scale!r} has shape {site.weight(a.scale)}, {per} it needs {want}"
+        )
+
+
+def _quantized_format(what: str, a: Any, site: Site) -> DType:
+    if not quantized(a.format):
+        raise GraphError(
+            f"{what} {site.name!r}: {a.format.value} is not a quantized format; a cast changes float dtypes"
+        )
+    return a.format
+
+
+@rule(OpKind.QUANTIZE, dtype=lambda a, site: _quantized_format("quantize", a, site))
+def _quantize(a, site: Site):
+    if a.axis is not None:  # per-channel activations: never the batch axis
+        _check_axis("quantize", site, a.axis, site.x.shape)
+    _scale_shape("quantize", a, site)
+    return site.x.shape
+
+
+def _dequantized(a: Any, site: Site) -> DType:
+    """A dequantize gives the float dtype it is assigned: that of the op that reads it."""
+    if quantized(site.declared.dtype):
+        raise GraphError(f"dequantize {site.name!r} must give a float dtype, not {site.declared.dtype.value}")
+    return site.declared.dtype
+
+
+@rule(OpKind.DEQUANTIZE, dtype=_dequantized)
+def _dequantize(a, site: Site):
+    source = site.inputs[0]
+    _quantized_format("dequantize", a, site)
+    if source.type.dtype is not a.format:
+        raise GraphError(
+            f"dequantize {site.name!r} reads {source.name!r} ({source.type.dtype.value}), not {a.format.value}: "
+            f"a dequantize reads the output of its quantize, or a quantized weight constant"
+        )
+    if a.axis is not None and not (a.axis == 0 and source.kind is OpKind.CONSTANT):
+        _check_axis("dequantize", site, a.axis, site.x.shape)  # axis 0 is a stored weight's output channel
+    _scale_shape("dequantize", a, site)
+    return site.x.shape
 
 
 def input_nodes(names: Sequence[str], nodes: Mapping[str, Node], reader: str) -> tuple[Node, ...]:

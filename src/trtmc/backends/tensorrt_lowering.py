@@ -2,10 +2,10 @@
 
 `TRT_LOWERINGS` parallels `torch_lowering.LOWERINGS` key for key, and each entry means exactly what
 its torch twin means. Precision comes only from tensor types: every constant and weight is handed to
-TensorRT in the dtype of the node that reads it (bf16 through torch, since numpy has none), and the
-precision pass has already put a CAST wherever dtypes change. Layers are named `[kind]-<node name>`
-(`[kind]-<node name>/<role>` for helper layers), so TensorRT's messages and reports map back to the
-checkpoint.
+TensorRT in the dtype of the node that reads it (bf16 and FP8 through torch, since numpy has none;
+quantize/dequantize scales in float32), and the precision pass has already put a CAST wherever
+dtypes change. Layers are named `[kind]-<node name>` (`[kind]-<node name>/<role>` for helper
+layers), so TensorRT's messages and reports map back to the checkpoint.
 
 `trt` is the `tensorrt` module when it imports, else `tensorrt_rtx` (same API family; see the notes
 where they differ), else None (`tensorrt_common` chooses): the table still imports, so the parity
@@ -154,9 +154,13 @@ def _constant(lw, node, args):
 @lowering(OpKind.CONV2D)
 def _conv2d(lw, node, args):
     a = node.attrs
-    out_c, _, kh, kw = lw.graph.weights[a.weight].shape
+    stored = a.weight is not None  # else the kernel is args[1], a dequantized weight tensor
+    out_c, _, kh, kw = lw.graph.weights[a.weight].shape if stored else tuple(args[1].shape)
     extra = {"bias": lw.weights(a.bias)} if a.bias else {}
-    layer = lw.named(lw.network.add_convolution_nd(args[0], out_c, (kh, kw), lw.weights(a.weight), **extra))
+    kernel = lw.weights(a.weight) if stored else trt.Weights()
+    layer = lw.named(lw.network.add_convolution_nd(args[0], out_c, (kh, kw), kernel, **extra))
+    if not stored:
+        layer.set_input(1, args[1])
     layer.stride_nd = a.stride
     layer.dilation_nd = a.dilation
     layer.num_groups = a.groups
@@ -261,9 +265,12 @@ def _slice(lw, node, args):
 @lowering(OpKind.LINEAR)
 def _linear(lw, node, args):
     a = node.attrs
-    weight = lw.graph.weights[a.weight]
     lead = (1,) * (len(node.type.shape) - 2)  # the weight broadcasts over the batch (and token) axes
-    w = lw.constant(weight, lead + weight.shape, "weight")
+    if a.weight is not None:
+        weight = lw.graph.weights[a.weight]
+        w = lw.constant(weight, lead + weight.shape, "weight")
+    else:  # a dequantized weight tensor [out, in]
+        w = _reshaped(lw, args[1], lead + tuple(args[1].shape), "weight") if lead else args[1]
     matmul = lw.network.add_matrix_multiply(args[0], trt.MatrixOperation.NONE, w, trt.MatrixOperation.TRANSPOSE)
     y = lw.out(matmul, "matmul" if a.bias else None)
     if not a.bias:
@@ -366,3 +373,35 @@ def _attention(lw, node, args):
         bias = lw.graph.weights[node.attrs.bias]
         layer.mask = lw.constant(bias, bias.shape, "bias")  # a float mask is added to the scores
     return layer.get_output(0)
+
+
+def _reshaped(lw, x, shape: tuple[int, ...], role: str):
+    """`x` (a tensor without a batch axis) reshaped to the static `shape`."""
+    layer = lw.named(lw.network.add_shuffle(x), role)
+    layer.reshape_dims = shape
+    return layer.get_output(0)
+
+
+def _quantization_scale(lw, node):
+    """The node's scale as a float32 constant: TensorRT takes float32 scales for every format."""
+    scale = lw.graph.weights[node.attrs.scale]
+    return lw.constant(scale, scale.shape, "scale", DType.F32)
+
+
+def _per_channel(layer, node):
+    """Per-channel along the node's axis (TensorRT's default is per tensor)."""
+    if node.attrs.axis is not None:
+        layer.axis = node.attrs.axis
+    return layer.get_output(0)
+
+
+@lowering(OpKind.QUANTIZE)
+def _quantize(lw, node, args):
+    layer = lw.network.add_quantize(args[0], _quantization_scale(lw, node), trt_dtype(node.attrs.format))
+    return _per_channel(lw.named(layer), node)
+
+
+@lowering(OpKind.DEQUANTIZE)
+def _dequantize(lw, node, args):
+    layer = lw.network.add_dequantize(args[0], _quantization_scale(lw, node), trt_dtype(node.type.dtype))
+    return _per_channel(lw.named(layer), node)

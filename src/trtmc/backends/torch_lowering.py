@@ -1,19 +1,23 @@
 """Lowering the graph to PyTorch: one function per op kind, and an FX graph built from them.
 
 `GraphModule(graph)` is a plain `nn.Module` whose weights are buffers already cast to the dtype of
-the node that reads them; `to_fx(graph)` traces it into a flat `torch.fx.GraphModule`, which is
-what Inductor compiles. Dimension 0 stays free, so one module serves every batch size.
+the node that reads them (`Node.weight_dtype`: quantize/dequantize scales stay float32);
+`to_fx(graph)` traces it into a flat `torch.fx.GraphModule`, which is what Inductor compiles.
+Dimension 0 stays free, so one module serves every batch size. FP8 1x1 convolutions and linear ops
+can run as `torch._scaled_mm` GEMMs (`GraphModule(graph, fp8_gemms=True)`).
 """
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 from ..graph import Activation, Binary, DType, Graph, Node, OpKind, PoolMode, Reduction
-from ..precision import PRECISIONS
+from ..precision import PRECISIONS, precision_of
 
 TORCH_DTYPES = {p.dtype: p.torch_dtype for p in PRECISIONS.values()}
 
@@ -49,12 +53,17 @@ def _constant(node, args, w):
     return w(node.attrs.weight)
 
 
+def _weight(node, args, w) -> torch.Tensor:
+    """A convolution's or linear op's weight: its stored one, or its second input (a dequantized weight)."""
+    return args[1] if node.attrs.weight is None else w(node.attrs.weight)
+
+
 @lowering(OpKind.CONV2D)
 def _conv2d(node, args, w):
     a = node.attrs
     x, padding = _pad_if_asymmetric(args[0], a.padding)
     bias = w(a.bias) if a.bias else None
-    return F.conv2d(x, w(a.weight), bias, a.stride, padding, a.dilation, a.groups)
+    return F.conv2d(x, _weight(node, args, w), bias, a.stride, padding, a.dilation, a.groups)
 
 
 @lowering(OpKind.SCALE)
@@ -140,7 +149,7 @@ def _slice(node, args, w):
 @lowering(OpKind.LINEAR)
 def _linear(node, args, w):
     a = node.attrs
-    return F.linear(args[0], w(a.weight), w(a.bias) if a.bias else None)
+    return F.linear(args[0], _weight(node, args, w), w(a.bias) if a.bias else None)
 
 
 @lowering(OpKind.MATMUL)
@@ -191,6 +200,81 @@ def _attention(node, args, w):
     return F.scaled_dot_product_attention(args[0], args[1], args[2], attn_mask=bias, scale=a.scale)
 
 
+def _scale(node, w) -> torch.Tensor:
+    """A quantize/dequantize scale (float32), shaped to broadcast along the node's axis."""
+    a = node.attrs
+    if a.axis is None:
+        return w(a.scale)
+    view = [1] * len(node.type.shape)
+    view[a.axis] = -1
+    return w(a.scale).reshape(view)
+
+
+@lowering(OpKind.QUANTIZE)
+def _quantize(node, args, w):
+    # Divided in float32 whatever the input's dtype, as TensorRT's quantize computes.
+    return precision_of(node.attrs.format).to_grid(args[0].float() / _scale(node, w))
+
+
+@lowering(OpKind.DEQUANTIZE)
+def _dequantize(node, args, w):
+    return (args[0].float() * _scale(node, w)).to(TORCH_DTYPES[node.type.dtype])
+
+
+@dataclass(frozen=True)
+class ScaledGemm:
+    """A quantized op that `torch._scaled_mm` runs as one FP8 GEMM on its stored operands."""
+
+    activation: str  # the QUANTIZE node: the GEMM's rows (pixels or tokens) by input channels
+    weight: str  # the FP8 constant: [out, in(, 1, 1)]
+    input_scale: str
+    weight_scale: str
+
+
+def scaled_gemms(graph: Graph) -> dict[str, ScaledGemm]:
+    """The quantized ops of `graph` that `_scaled_gemm` can run: FP8 linear ops and 1x1 convolutions
+    (stride 1, unpadded, ungrouped) with a per-tensor input scale and input and output widths that
+    are multiples of 16, as cuBLASLt's FP8 GEMMs require; keyed by op name."""
+    nodes = {n.name: n for n in graph.nodes}
+    found = {}
+    for node in graph.nodes:
+        if node.kind not in (OpKind.CONV2D, OpKind.LINEAR) or node.attrs.weight is not None:
+            continue
+        x_dq, w_dq = nodes[node.inputs[0]], nodes[node.inputs[1]]
+        q = nodes[x_dq.inputs[0]] if x_dq.kind is OpKind.DEQUANTIZE else x_dq
+        out_c, in_c = w_dq.type.shape[:2]
+        a = node.attrs
+        pointwise = node.kind is OpKind.LINEAR or (
+            w_dq.type.shape[2:] == (1, 1) and a.stride == (1, 1) and a.padding == (0, 0, 0, 0) and a.groups == 1
+        )
+        fp8 = q.kind is OpKind.QUANTIZE and q.attrs.format is DType.F8E4M3 and q.attrs.axis is None
+        if pointwise and fp8 and w_dq.attrs.format is DType.F8E4M3 and in_c % 16 == 0 and out_c % 16 == 0:
+            found[node.name] = ScaledGemm(q.name, w_dq.inputs[0], x_dq.attrs.scale, w_dq.attrs.scale)
+    return found
+
+
+def _scaled_gemm(gemm: ScaledGemm, node, args, w):
+    """`node` as torch._scaled_mm of its FP8 input rows and FP8 kernel, fp32 accumulation, the input
+    and per-channel weight scales applied once to the sum, then the bias. A 1x1 convolution's rows
+    are its pixels (NHWC: a view when the input is channels-last, as on CUDA)."""
+    x, kernel = args
+    out_c, in_c = kernel.shape[0], kernel.shape[1]
+    conv = node.kind is OpKind.CONV2D
+    rows = x.permute(0, 2, 3, 1).reshape(-1, in_c) if conv else x.reshape(-1, in_c)
+    # Row-wise scaling: one scale per row (all equal: the input's) and one per output channel. The
+    # row count is the batch's, known at run time only: expand_as traces where expand(n, 1) cannot.
+    scale_a = w(gemm.input_scale).reshape(1, 1).expand_as(rows[:, :1]).contiguous()
+    scale_b = w(gemm.weight_scale).reshape(1, -1).expand(1, out_c).contiguous()
+    y = torch._scaled_mm(
+        rows, kernel.reshape(out_c, in_c).t(), scale_a=scale_a, scale_b=scale_b, out_dtype=TORCH_DTYPES[node.type.dtype]
+    )
+    if node.attrs.bias:
+        y = y + w(node.attrs.bias)
+    if conv:
+        return y.reshape(-1, node.type.shape[2], node.type.shape[3], out_c).permute(0, 3, 1, 2)
+    return y.reshape((-1,) + node.type.shape[1:])
+
+
 def _buffer_name(key: str) -> str:
     return "w_" + "".join(c if c.isalnum() else "_" for c in key)
 
@@ -202,19 +286,26 @@ def _conv2d_half_via_fp32(node, args, w):
     a = node.attrs
     x, padding = _pad_if_asymmetric(args[0].float(), a.padding)
     bias = w(a.bias).float() if a.bias else None
-    return F.conv2d(x, w(a.weight).float(), bias, a.stride, padding, a.dilation, a.groups).to(args[0].dtype)
+    weight = _weight(node, args, w).float()
+    return F.conv2d(x, weight, bias, a.stride, padding, a.dilation, a.groups).to(args[0].dtype)
 
 
 class GraphModule(torch.nn.Module):
     """Runs a graph op by op; the weights are buffers in the dtype of the node that reads them.
 
     `half_convolutions_in_fp32` selects `_conv2d_half_via_fp32` for fp16/bf16 convolutions (CPU
-    reference runs); engines never set it.
+    reference runs); engines never set it. `fp8_gemms` runs the ops `scaled_gemms(graph)` finds as
+    torch._scaled_mm GEMMs instead of convolutions of dequantized values (same numbers up to fp32
+    summation order, checked on the CPU).
+    TODO(GPU step): the inductor backend should set it for CUDA builds of FP8 graphs, after the H200
+    shows it pays (issue 13: FP8 GEMMs win only at large batch) and which scaled_mm out_dtypes its
+    torch accepts with row-wise scales.
     """
 
-    def __init__(self, graph: Graph, *, half_convolutions_in_fp32: bool = False) -> None:
+    def __init__(self, graph: Graph, *, half_convolutions_in_fp32: bool = False, fp8_gemms: bool = False) -> None:
         super().__init__()
         self.half_convolutions_in_fp32 = half_convolutions_in_fp32
+        self._fp8_gemms = scaled_gemms(graph) if fp8_gemms else {}
         missing = [k.value for k in OpKind if k not in LOWERINGS]
         if missing:
             raise NotImplementedError(f"no torch lowering for {', '.join(missing)}")
@@ -226,7 +317,7 @@ class GraphModule(torch.nn.Module):
                 name = _buffer_name(key)
                 if name not in registered:
                     registered.add(name)
-                    tensor = torch.from_numpy(graph.weights[key]).to(TORCH_DTYPES[node.type.dtype])
+                    tensor = torch.from_numpy(graph.weights[key]).to(TORCH_DTYPES[node.weight_dtype(key)])
                     self.register_buffer(name, tensor)
                 self._buffers_by_key[key] = name
         self.input_name = graph.inputs[0].name
@@ -239,6 +330,9 @@ class GraphModule(torch.nn.Module):
             lower = LOWERINGS[node.kind]
             if self.half_convolutions_in_fp32 and node.kind is OpKind.CONV2D and node.type.dtype is not DType.F32:
                 lower = _conv2d_half_via_fp32
+            if node.name in self._fp8_gemms:
+                gemm = self._fp8_gemms[node.name]
+                args, lower = [values[gemm.activation], values[gemm.weight]], functools.partial(_scaled_gemm, gemm)
             values[node.name] = lower(node, args, weight)
         outputs = [values[o] for o in self.graph_ir.outputs]
         return outputs[0] if len(outputs) == 1 else tuple(outputs)

@@ -42,7 +42,8 @@ _EXAMPLES = 3  # op names an unmatched-pattern error shows
 
 
 class UnmatchedOverride(ValueError):
-    """Override patterns (`--fp32-layers`) that match no op; the message names each and shows real op names."""
+    """Override patterns (`--fp32-layers`, a quantization recipe's) that match no op; the message names
+    each and shows real op names."""
 
 
 @dataclass(frozen=True)
@@ -69,15 +70,20 @@ class PrecisionPolicy:
 
     def require_matches(self, graph: Graph) -> None:
         """Raise UnmatchedOverride unless every override pattern matches an op of `graph`."""
-        names = [n.name for n in graph.nodes]
-        unmatched = [p for p, _ in self.overrides if not fnmatch.filter(names, p)]
-        if unmatched:
-            examples = difflib.get_close_matches(unmatched[0], names, n=_EXAMPLES, cutoff=0.0)
-            raise UnmatchedOverride(
-                f"layer pattern{'s' if len(unmatched) > 1 else ''} {', '.join(repr(p) for p in unmatched)} "
-                f"match{'' if len(unmatched) > 1 else 'es'} no op of this graph; ops are named after checkpoint "
-                f"modules, e.g. {', '.join(repr(e) for e in examples)}: fix the pattern (--fp32-layers GLOB)"
-            )
+        patterns = [p for p, _ in self.overrides]
+        require_matches(patterns, [n.name for n in graph.nodes], "op of this graph", "fix the pattern (--fp32-layers GLOB)")
+
+
+def require_matches(patterns: list[str], names: list[str], ops: str, fix: str) -> None:
+    """Raise UnmatchedOverride naming each glob of `patterns` that matches none of the op `names`."""
+    unmatched = [p for p in patterns if not fnmatch.filter(names, p)]
+    if unmatched:
+        examples = difflib.get_close_matches(unmatched[0], names, n=_EXAMPLES, cutoff=0.0)
+        raise UnmatchedOverride(
+            f"layer pattern{'s' if len(unmatched) > 1 else ''} {', '.join(repr(p) for p in unmatched)} "
+            f"match{'' if len(unmatched) > 1 else 'es'} no {ops}; ops are named after checkpoint "
+            f"modules, e.g. {', '.join(repr(e) for e in examples)}: {fix}"
+        )
 
 
 @graph_pass
@@ -107,8 +113,8 @@ def assign_precision(graph: Graph, policy: PrecisionPolicy) -> Graph:
         return casts[key]
 
     def assign(node: Node) -> list[Node]:
-        if node.kind is OpKind.CAST:
-            raise GraphError(f"{node.name!r}: precision is assigned once, to a graph without casts")
+        if node.kind in (OpKind.CAST, OpKind.QUANTIZE, OpKind.DEQUANTIZE):  # quantize runs after this pass
+            raise GraphError(f"{node.name!r}: precision is assigned once, to a graph without casts or quantization")
         dtype = policy.io_dtype if node.kind is OpKind.INPUT else policy.dtype_for(node)
         emitted: list[Node] = []
         inputs = tuple(read(i, dtype, emitted) for i in node.inputs)
