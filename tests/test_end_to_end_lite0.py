@@ -31,7 +31,7 @@ def test_lite0_bundle_gives_timms_top1_for_every_shared_photo(scores, reference)
         assert int(np.argmax(logits)) == reference[photo.name]["top5"][0], photo.name
 
 
-def test_lite0_bundle_gives_timms_top5_set_and_logits_within_0_05(scores, reference):
+def test_lite0_bundle_gives_timms_top5_set_and_logits_within_the_references_rounding(scores, reference, record_property):
     worst = 0.0
     for photo, logits in zip(PHOTOS, scores.logits):
         ref = reference[photo.name]
@@ -39,7 +39,10 @@ def test_lite0_bundle_gives_timms_top5_set_and_logits_within_0_05(scores, refere
         assert set(top5.tolist()) == set(ref["top5"]), photo.name
         delta = np.abs(logits[ref["top5"]] - np.array(ref["top5_logits"])).max()
         worst = max(worst, float(delta))
-    assert worst <= 0.05, f"largest logit difference {worst:.4f}"
+    record_property("max_top5_logit_delta", worst)
+    # The reference file rounds timm's logits to 4 decimals (up to 5e-5 off); the compiled CPU engine
+    # adds float32 reassociation on top (measured: 5.3e-5 through the graph, see test_family_efficientnet).
+    assert worst <= 1e-4, f"largest logit difference {worst:.2e}"
 
 
 def test_scores_carry_every_logit_in_checkpoint_order_with_labels(scores):

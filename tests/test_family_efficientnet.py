@@ -46,7 +46,8 @@ def test_real_lite0_weights_give_timms_top5_on_every_photo(record_property):
         assert set(top5) == set(want["top5"]), f"{name}: top-5 {top5}, timm {want['top5']}"
         delta = (row[want["top5"]] - torch.tensor(want["top5_logits"])).abs().max().item()
         worst = max(worst, delta)
-        assert delta <= 0.05, f"{name}: top-5 logits differ from timm's by {delta:.4f}"
+        # The reference file rounds timm's logits to 4 decimals (up to 5e-5 off); measured: 5.3e-5.
+        assert delta <= 1e-4, f"{name}: top-5 logits differ from timm's by {delta:.2e}"
     record_property("max_top5_logit_delta", worst)
 
 
