@@ -56,3 +56,35 @@ def lite0_bundle(tmp_path_factory):
     path = tmp_path_factory.mktemp("bundles") / "lite0.bundle"
     run_cli("build", LITE0_IN_REPO, "-o", path, "-q")
     return path
+
+
+# ---- the fast lane ---------------------------------------------------------------------------------
+# `pytest -m "not slow"` runs every module in about two minutes; the README's test command (what CI runs)
+# runs everything. What only the full run does is marked slow here, in one place, or by the test itself:
+# compiled engines (an AOTInductor CPU build takes a minute), every architecture beyond the smallest of each
+# family, TensorRT-RTX plans beyond two architectures, and photo checks in fp16/bf16 beyond two families.
+FAST_PLANS = ("tf_efficientnet_lite0", "vit_tiny_patch16_224")
+FAST_PHOTO_CHECKS = ("resnet", "vit")
+COMPILED_FIXTURES = ("lite0_bundle",)
+
+
+def _fast_architectures() -> set[str]:
+    """The smallest architecture of every family: the ones the photo checks name."""
+    import test_parity_every_architecture as parity
+
+    return {check.arch for check in parity.PHOTO_CHECKS.values()}
+
+
+def pytest_collection_modifyitems(config, items):
+    fast = _fast_architectures()
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        arch, family = params.get("arch"), params.get("family")
+        slow = any(name in item.fixturenames for name in COMPILED_FIXTURES)
+        if arch is not None:
+            plans = item.module.__name__ == "test_tensorrt_plans_every_architecture"
+            slow = slow or arch not in (FAST_PLANS if plans else fast)
+        if family is not None and item.originalname == "test_smallest_model_keeps_timms_top1_on_every_photo_in_fp16_and_bf16":
+            slow = slow or family not in FAST_PHOTO_CHECKS
+        if slow:
+            item.add_marker(pytest.mark.slow)
