@@ -1,14 +1,16 @@
 /* An SDK consumer in C: classify one decoded image with a trtmc bundle and print every score as JSON.
  *
- *   sdk_consumer_c BUNDLE IMAGE.rgb.f32 HEIGHT WIDTH
+ *   sdk_consumer_c BUNDLE IMAGE.rgb.f32 HEIGHT WIDTH [--expect-sha256 HEX]
  *
  * IMAGE.rgb.f32 holds the image's RGB float32 values in [0, 1], row-major HWC, as written by
- * `trtmc decode PHOTO -o IMAGE.rgb.f32` (which prints HEIGHT and WIDTH). Prints one JSON object
- * with logits, label_names, vocabulary_id and engine, read after the model is released. Exit
- * status: 0, the trtmc_code of a failed call (its name and message go to stderr), or 64 for a
- * usage error and 66 for an unreadable image file. Uses only the public header trtmc.h. */
+ * `trtmc decode PHOTO -o IMAGE.rgb.f32` (which prints HEIGHT and WIDTH). With --expect-sha256,
+ * only the bundle whose digest is HEX (`trtmc inspect` prints it) is opened. Prints one JSON object
+ * with logits, label_names, vocabulary_id, engine and the bundle's digest, read after the model is
+ * released. Exit status: 0, the trtmc_code of a failed call (its name and message go to stderr), or
+ * 64 for a usage error and 66 for an unreadable image file. Uses only the public header trtmc.h. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "trtmc.h"
 
@@ -54,9 +56,11 @@ static void print_string(const char* text) {
   putchar('"');
 }
 
-static void print_scores(const trtmc_scores* scores) {
+static void print_scores(const trtmc_scores* scores, const char* digest) {
   printf("{\"engine\": ");
   print_string(trtmc_scores_engine(scores));
+  printf(", \"digest\": ");
+  print_string(digest);
   printf(", \"vocabulary_id\": ");
   print_string(trtmc_scores_vocabulary_id(scores));
   printf(", \"label_names\": [");
@@ -72,8 +76,9 @@ static void print_scores(const trtmc_scores* scores) {
 
 int main(int argc, char** argv) {
   int64_t height = 0, width = 0;
-  if (argc != 5 || !parse_size(argv[3], &height) || !parse_size(argv[4], &width)) {
-    fprintf(stderr, "usage: %s BUNDLE IMAGE.rgb.f32 HEIGHT WIDTH\n", argv[0]);
+  int pinned = argc == 7 && strcmp(argv[5], "--expect-sha256") == 0;
+  if ((argc != 5 && !pinned) || !parse_size(argv[3], &height) || !parse_size(argv[4], &width)) {
+    fprintf(stderr, "usage: %s BUNDLE IMAGE.rgb.f32 HEIGHT WIDTH [--expect-sha256 HEX]\n", argv[0]);
     return 64;
   }
   if (!TRTMC_ABI_COMPATIBLE(trtmc_abi_version())) {
@@ -85,12 +90,15 @@ int main(int argc, char** argv) {
   float* pixels = read_floats(argv[2], &count);
   if (!pixels) return 66;
 
+  trtmc_option expect_sha256 = {"expect_sha256", pinned ? argv[6] : NULL};
   trtmc_model* model = NULL;
-  trtmc_status* status = trtmc_model_open(argv[1], NULL, 0, &model);
+  trtmc_status* status = trtmc_model_open(argv[1], pinned ? &expect_sha256 : NULL, pinned ? 1 : 0, &model);
   if (status) {
     free(pixels);
     return fail(status);
   }
+  char digest[65]; /* the model's string dies with it: 64 hex digits and the terminator */
+  snprintf(digest, sizeof digest, "%s", trtmc_model_digest(model));
   for (size_t i = 0; i < trtmc_model_skipped_count(model); ++i) {
     fprintf(stderr, "sdk_consumer_c: %s; using %s instead\n", trtmc_model_skipped(model, i), trtmc_model_engine(model));
   }
@@ -99,7 +107,7 @@ int main(int argc, char** argv) {
   trtmc_model_release(model); /* the scores own what they return */
   free(pixels);
   if (status) return fail(status);
-  print_scores(scores);
+  print_scores(scores, digest);
   trtmc_scores_release(scores);
   return 0;
 }

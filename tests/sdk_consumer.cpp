@@ -1,10 +1,11 @@
 // An SDK consumer in C++: sdk_consumer_c's job through the header-only wrapper trtmc.hpp.
 //
-//   sdk_consumer_cpp BUNDLE IMAGE.rgb.f32 HEIGHT WIDTH
+//   sdk_consumer_cpp BUNDLE IMAGE.rgb.f32 HEIGHT WIDTH [--expect-sha256 HEX]
 //
-// Prints one JSON object with logits, label_names, vocabulary_id and engine, read after the
-// model is released. Exit status: 0, the trtmc_code of a failed call (its name and message go to
-// stderr), or 64 for a usage error and 66 for an unreadable image file.
+// Prints one JSON object with logits, label_names, vocabulary_id, engine and the bundle's digest,
+// read after the model is released; with --expect-sha256, only the bundle whose digest is HEX is
+// opened. Exit status: 0, the trtmc_code of a failed call (its name and message go to stderr), or
+// 64 for a usage error and 66 for an unreadable image file.
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -54,9 +55,9 @@ std::string quoted(const std::string& text) {
   return out + "\"";
 }
 
-void print(const trtmc::Scores& scores) {
-  std::cout << "{\"engine\": " << quoted(scores.engine()) << ", \"vocabulary_id\": " << quoted(scores.vocabulary_id())
-            << ", \"label_names\": [";
+void print(const trtmc::Scores& scores, const std::string& digest) {
+  std::cout << "{\"engine\": " << quoted(scores.engine()) << ", \"digest\": " << quoted(digest)
+            << ", \"vocabulary_id\": " << quoted(scores.vocabulary_id()) << ", \"label_names\": [";
   std::vector<std::string> names = scores.label_names();
   for (std::size_t i = 0; i < names.size(); ++i) std::cout << (i ? ", " : "") << quoted(names[i]);
   std::cout << "], \"logits\": [";
@@ -72,9 +73,10 @@ void print(const trtmc::Scores& scores) {
 
 int main(int argc, char** argv) {
   std::optional<std::int64_t> height, width;
-  if (argc == 5) height = parse_size(argv[3]), width = parse_size(argv[4]);
+  bool pinned = argc == 7 && std::string(argv[5]) == "--expect-sha256";
+  if (argc == 5 || pinned) height = parse_size(argv[3]), width = parse_size(argv[4]);
   if (!height || !width) {
-    std::cerr << "usage: " << argv[0] << " BUNDLE IMAGE.rgb.f32 HEIGHT WIDTH\n";
+    std::cerr << "usage: " << argv[0] << " BUNDLE IMAGE.rgb.f32 HEIGHT WIDTH [--expect-sha256 HEX]\n";
     return 64;
   }
   std::optional<std::vector<float>> pixels = read_floats(argv[2]);
@@ -84,14 +86,17 @@ int main(int argc, char** argv) {
   }
   try {
     std::optional<trtmc::Scores> scores;
+    std::string digest;
     {
-      trtmc::ImageToClassScores model(argv[1]);
+      trtmc::ImageToClassScores model = pinned ? trtmc::ImageToClassScores(argv[1], std::string(argv[6]))
+                                               : trtmc::ImageToClassScores(argv[1]);
+      digest = model.digest();
       for (const std::string& line : model.skipped_engines()) {
         std::cerr << "sdk_consumer_cpp: " << line << "; using " << model.engine() << " instead\n";
       }
       scores.emplace(model(pixels->data(), pixels->size(), *height, *width));
     }  // the model is released here; the scores own what they return
-    print(*scores);
+    print(*scores, digest);
   } catch (const trtmc::Error& error) {
     std::cerr << "sdk_consumer_cpp: " << error.code_name() << ": " << error.what() << "\n";
     return static_cast<int>(error.code());

@@ -1,7 +1,8 @@
 """The native SDK (sdk/) end to end: CMake builds libtrtmc, its consumers and its C++ contract tests;
 ctest runs the contracts and both consumers classify the shipped photos with a CPU bundle of the real
-lite0 checkpoint, printing what the Python task returns for the same arrays. Invalid input and bundles
-the Python reader refuses are refused by the SDK too, each with its error code.
+lite0 checkpoint, printing what the Python task returns for the same arrays and the bundle's digest.
+Invalid input, bundles the Python reader refuses and bundles other than the pinned one (expect_sha256)
+are refused by the SDK too, each with its error code.
 
 Needs cmake, a C/C++ compiler, libzip-dev, libssl-dev and nlohmann-json (`.ci/run` installs them).
 The build goes to build/sdk-tests (kept between runs: compiling against libtorch takes minutes here).
@@ -23,7 +24,7 @@ import torch
 
 from conftest import LITE0_IN_REPO, run_cli
 from support import IMAGES, REFERENCE, REPO
-from trtmc.bundle import FORMAT_VERSION, BundleError, read_bundle, write_bundle
+from trtmc.bundle import FORMAT_VERSION, BundleError, expected_digest, read_bundle, write_bundle
 from trtmc.runtime import Runtime
 from trtmc.tasks import decode_image, image_to_class_scores
 
@@ -40,6 +41,8 @@ CODES = {
     "TRTMC_ERROR_OUT_OF_RANGE": 5,
     "TRTMC_ERROR_BUNDLE": 7,
     "TRTMC_ERROR_NO_ENGINE": 8,
+    "TRTMC_ERROR_DIGEST_MISMATCH": 12,
+    "TRTMC_ERROR_INVALID_ARGUMENT": 13,
 }
 
 
@@ -64,6 +67,14 @@ def _only_plans(manifest: dict, members: dict) -> None:
     manifest["engines"] = [e for e in manifest["engines"] if e["backend"] == "tensorrt"]
     for name in [n for n in members if n.startswith("engines/inductor")]:
         del members[name]
+
+
+def _garbage_package(manifest: dict, members: dict) -> None:
+    members["engines/inductor-cpu-fp32/model.pt2"] = b"not an AOTInductor package"
+
+
+def _flip_a_weight(name: str, data: bytes) -> bytes:
+    return data[:-1] + bytes([data[-1] ^ 1]) if name == "weights.safetensors" else data
 
 
 def _tamper(source: Path, target: Path, change) -> Path:
@@ -126,18 +137,19 @@ def decoded(tmp_path_factory) -> dict[str, tuple[Path, int, int]]:
     return files
 
 
-def consume(kind: str, bundle: Path, image: Path, height, width) -> subprocess.CompletedProcess:
-    return _run(BUILD / f"sdk_consumer_{kind}", bundle, image, height, width, timeout=300)
+def consume(kind: str, bundle: Path, image: Path, height, width, *options) -> subprocess.CompletedProcess:
+    return _run(BUILD / f"sdk_consumer_{kind}", bundle, image, height, width, *options, timeout=300)
 
 
 def test_contract_tests_pass_under_ctest(sdk):
     result = _run("ctest", "--test-dir", sdk, "--output-on-failure")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "100% tests passed, 0 tests failed out of 8" in result.stdout
+    assert "100% tests passed, 0 tests failed out of 10" in result.stdout
 
 
 def test_both_consumers_print_the_python_tasks_logits_and_timms_top1_for_every_photo(sdk, bundles, decoded):
     runtime = Runtime.open(bundles["labelled"])
+    digest = read_bundle(bundles["labelled"]).digest
     reference = json.loads(REFERENCE.read_text())["images"]
     jobs = [(kind, photo) for photo in PHOTOS for kind in CONSUMERS]
     with ThreadPoolExecutor(2) as pool:
@@ -156,6 +168,7 @@ def test_both_consumers_print_the_python_tasks_logits_and_timms_top1_for_every_p
             assert result["label_names"] == list(python.label_names)
             assert result["vocabulary_id"] == python.vocabulary_id == "imagenet-1k"
             assert result["engine"] == runtime.choice.key == "inductor-cpu-fp32"
+            assert result["digest"] == digest
 
 
 @pytest.mark.parametrize("kind", CONSUMERS)
@@ -192,11 +205,8 @@ def test_consumers_refuse_every_bundle_the_python_reader_refuses(sdk, bundles, d
         manifest["format_version"] = FORMAT_VERSION + 1
         return json.dumps(manifest).encode()
 
-    def flip_a_weight(name, data):
-        return data[:-1] + bytes([data[-1] ^ 1]) if name == "weights.safetensors" else data
-
     broken = {
-        "tampered member": (_tamper(source, tmp_path / "t.bundle", flip_a_weight), "fails its sha256 check"),
+        "tampered member": (_tamper(source, tmp_path / "t.bundle", _flip_a_weight), "fails its sha256 check"),
         "unknown version": (
             _tamper(source, tmp_path / "v.bundle", set_version),
             f"format version {FORMAT_VERSION + 1} is not supported",
@@ -227,10 +237,7 @@ def test_consumers_refuse_every_bundle_the_python_reader_refuses(sdk, bundles, d
 
 
 def test_an_engine_that_fails_to_load_is_passed_over_with_the_reason(sdk, bundles, decoded, tmp_path):
-    def garbage_package(manifest, members):
-        members["engines/inductor-cpu-fp32/model.pt2"] = b"not an AOTInductor package"
-
-    broken = _rewrite(bundles["labelled"], tmp_path / "broken.bundle", garbage_package)
+    broken = _rewrite(bundles["labelled"], tmp_path / "broken.bundle", _garbage_package)
     result = consume("c", broken, *decoded["chelsea.png"])
     assert result.returncode == CODES["TRTMC_ERROR_NO_ENGINE"], result.stderr
     assert "no engine in this bundle can run on this machine (engine inductor-cpu-fp32 cannot run here: it failed to load (" in result.stderr
@@ -260,3 +267,61 @@ def test_sdk_passes_over_a_plan_it_cannot_run_with_one_line_and_uses_the_next_en
     assert result.returncode == CODES["TRTMC_ERROR_NO_ENGINE"]
     assert "no engine in this bundle can run on this machine" in result.stderr
     assert "tensorrt-cuda-fp32 cannot run here" in result.stderr
+
+
+# ---- trust: the expect_sha256 option --------------------------------------------------------------
+
+
+def test_consumers_print_the_bundles_digest_and_run_the_bundle_pinned_by_it(sdk, bundles, decoded):
+    digest = read_bundle(bundles["labelled"]).digest
+    image, height, width = decoded["chelsea.png"]
+    for kind in CONSUMERS:
+        plain = consume(kind, bundles["labelled"], image, height, width)
+        pinned = consume(kind, bundles["labelled"], image, height, width, "--expect-sha256", digest.upper())
+        assert plain.returncode == pinned.returncode == 0, plain.stderr + pinned.stderr
+        plain, pinned = json.loads(plain.stdout), json.loads(pinned.stdout)
+        assert plain["digest"] == pinned["digest"] == digest
+        assert pinned["logits"] == plain["logits"]
+    other = consume("c", bundles["unlabeled"], image, height, width)
+    assert json.loads(other.stdout)["digest"] == read_bundle(bundles["unlabeled"]).digest != digest
+
+
+def test_a_wrong_digest_exits_with_digest_mismatch_and_the_python_readers_message(sdk, bundles, decoded):
+    wrong = read_bundle(bundles["unlabeled"]).digest  # a real bundle's digest, not this one's
+    with pytest.raises(BundleError) as python:
+        read_bundle(bundles["labelled"], wrong)
+    for kind in CONSUMERS:
+        result = consume(kind, bundles["labelled"], *decoded["chelsea.png"], "--expect-sha256", wrong)
+        assert result.returncode == CODES["TRTMC_ERROR_DIGEST_MISMATCH"], result.stderr
+        assert result.stderr == f"sdk_consumer_{kind}: TRTMC_ERROR_DIGEST_MISMATCH: {python.value}\n"
+        assert result.stdout == ""
+
+
+def test_a_wrong_digest_is_refused_before_any_member_is_checked_or_any_engine_loads(sdk, bundles, decoded, tmp_path):
+    wrong = "0" * 64
+    tampered = _tamper(bundles["labelled"], tmp_path / "tampered.bundle", _flip_a_weight)  # manifest as stored
+    broken = _rewrite(bundles["labelled"], tmp_path / "broken.bundle", _garbage_package)
+    for path, unpinned in ((tampered, "TRTMC_ERROR_BUNDLE"), (broken, "TRTMC_ERROR_NO_ENGINE")):
+        assert consume("c", path, *decoded["chelsea.png"]).returncode == CODES[unpinned]
+        result = consume("c", path, *decoded["chelsea.png"], "--expect-sha256", wrong)
+        assert result.returncode == CODES["TRTMC_ERROR_DIGEST_MISMATCH"], result.stderr
+        assert "nothing in it was loaded" in result.stderr and "cannot run here" not in result.stderr
+
+
+def test_consumers_accept_exactly_the_digest_spellings_python_accepts(sdk, bundles, decoded):
+    digest = read_bundle(bundles["labelled"]).digest
+    typed = [
+        digest.upper(), f" \t{digest}\n", f"\u3000{digest}\u00a0", f"\x1f{digest}\x1c",  # what a paste leaves
+        digest[:-1], digest + "0", f"{digest[:32]} {digest[32:]}", "", f"sha256:{digest}", digest[:-1] + "g",
+    ]
+    for text in typed:
+        try:
+            python_accepts, message = expected_digest(text) == digest, ""
+        except ValueError as error:
+            python_accepts, message = False, str(error)
+        result = consume("c", bundles["labelled"], *decoded["chelsea.png"], "--expect-sha256", text)
+        if python_accepts:
+            assert result.returncode == 0, (text, result.stderr)
+        else:
+            assert result.returncode == CODES["TRTMC_ERROR_INVALID_ARGUMENT"], (text, result.stderr)
+            assert message.replace("--expect-sha256", "option expect_sha256") in result.stderr, (text, result.stderr)

@@ -3,7 +3,9 @@
  * One task, image_to_class_scores: a contiguous host RGB float32 HWC image in [0, 1] of any size
  * in, every class logit (float32, checkpoint order, no softmax) out, with the checkpoint's label
  * names and vocabulary id when it gave them. The bundle fixes the preprocessing (resize, center
- * crop, normalization) and the precision; the SDK takes no runtime options.
+ * crop, normalization) and the precision; the task takes no runtime options. Opening a bundle loads
+ * native code from it (a bundle is a program): pin the bundle you trust with the expect_sha256
+ * option (below).
  *
  *   trtmc_model* model = NULL;
  *   trtmc_status* status = trtmc_model_open("lite0.bundle", NULL, 0, &model);
@@ -50,7 +52,7 @@ extern "C" {
 #endif
 
 #define TRTMC_ABI_VERSION_MAJOR 1
-#define TRTMC_ABI_VERSION_MINOR 0
+#define TRTMC_ABI_VERSION_MINOR 1 /* 1: the expect_sha256 option, trtmc_model_digest, codes 12 and 13 */
 #define TRTMC_ABI_VERSION (TRTMC_ABI_VERSION_MAJOR * 1000 + TRTMC_ABI_VERSION_MINOR)
 /* Same MAJOR, MINOR at least this header's. */
 #define TRTMC_ABI_COMPATIBLE(library_version) \
@@ -64,22 +66,34 @@ typedef enum trtmc_code {
   TRTMC_ERROR_SIZE_MISMATCH = 3,      /* the buffer's element count is not height * width * 3 */
   TRTMC_ERROR_NON_FINITE = 4,         /* a pixel value is NaN or infinite */
   TRTMC_ERROR_OUT_OF_RANGE = 5,       /* a pixel value lies outside [0, 1] */
-  TRTMC_ERROR_UNSUPPORTED_OPTION = 6, /* an option was given: the task has none */
+  TRTMC_ERROR_UNSUPPORTED_OPTION = 6, /* an option other than expect_sha256 was given */
   TRTMC_ERROR_BUNDLE = 7,             /* missing, truncated, tampered, unknown-version or foreign bundle */
   TRTMC_ERROR_NO_ENGINE = 8,          /* no engine in the bundle can run here (the message says why) */
   TRTMC_ERROR_INFERENCE = 9,          /* the engine failed while running */
   TRTMC_ERROR_OUT_OF_MEMORY = 10,
-  TRTMC_ERROR_INTERNAL = 11           /* a bug in libtrtmc: please report the message */
+  TRTMC_ERROR_INTERNAL = 11,          /* a bug in libtrtmc: please report the message */
+  /* Since ABI 1.1: */
+  TRTMC_ERROR_DIGEST_MISMATCH = 12,   /* the bundle's digest is not the expect_sha256 given: not the pinned bundle */
+  TRTMC_ERROR_INVALID_ARGUMENT = 13   /* an argument's value is malformed (e.g. expect_sha256 is not 64 hex digits) */
 } trtmc_code;
 
 typedef struct trtmc_status trtmc_status;
 typedef struct trtmc_model trtmc_model;
 typedef struct trtmc_scores trtmc_scores;
 
-/* A name = value setting for trtmc_model_open. image_to_class_scores has no runtime options
- * (preprocessing and precision are fixed when the bundle is built), so every option is refused
- * with TRTMC_ERROR_UNSUPPORTED_OPTION; the parameter exists so that a future option is an
- * addition, not an ABI break. */
+/* A name = value setting for trtmc_model_open. There is one (since ABI 1.1):
+ *
+ *   "expect_sha256" = the bundle's digest, 64 hex digits in either case, surrounding whitespace
+ *   ignored (what `trtmc inspect` prints as "digest": the sha256 of the bundle's manifest.json,
+ *   which records every other member's sha256). A bundle whose digest differs is refused with
+ *   TRTMC_ERROR_DIGEST_MISMATCH before anything else in it is read and before any engine (native
+ *   code) loads, as `trtmc classify --expect-sha256` refuses it. A value that is not 64 hex digits,
+ *   or the option given twice, is TRTMC_ERROR_INVALID_ARGUMENT; a NULL value is
+ *   TRTMC_ERROR_NULL_ARGUMENT.
+ *
+ * image_to_class_scores itself has no runtime options (preprocessing and precision are fixed
+ * when the bundle is built): every other name is refused with TRTMC_ERROR_UNSUPPORTED_OPTION.
+ * New options are ABI additions. */
 typedef struct trtmc_option {
   const char* name;
   const char* value;
@@ -101,13 +115,18 @@ TRTMC_API void trtmc_status_release(trtmc_status* status);
 /* Open and verify a bundle (format version, every member's size and sha256, no member outside
  * the manifest), then load the first engine that can run here, as trtmc's Python runtime does:
  * TensorRT plans first, then Inductor, then the rest; one that cannot run here or fails to load is
- * passed over (trtmc_model_skipped says why). `options` may be NULL when `option_count` is 0. */
+ * passed over (trtmc_model_skipped says why). `options` may be NULL when `option_count` is 0; the
+ * options are checked before the bundle is opened. */
 TRTMC_API trtmc_status* trtmc_model_open(const char* bundle_path, const trtmc_option* options,
                                          size_t option_count, trtmc_model** model);
 TRTMC_API void trtmc_model_release(trtmc_model* model);
 
 /* The key of the engine in use, e.g. "inductor-cpu-fp32". */
 TRTMC_API const char* trtmc_model_engine(const trtmc_model* model);
+
+/* The open bundle's digest: 64 lower-case hex digits, the sha256 of its manifest.json as stored
+ * (what `trtmc inspect` prints and expect_sha256 pins). Since ABI 1.1. */
+TRTMC_API const char* trtmc_model_digest(const trtmc_model* model);
 
 /* The engines passed over, one line each saying why ("engine tensorrt-cuda-fp16 cannot run
  * here: ..."); index < trtmc_model_skipped_count. NULL for an index out of range. */

@@ -1,7 +1,7 @@
 // trtmc.hpp: a header-only C++17 wrapper over trtmc.h. RAII owners for the C handles and
 // trtmc::Error (carrying the C status code) for failed calls; nothing the C ABI cannot do.
 //
-//   trtmc::ImageToClassScores model("lite0.bundle");
+//   trtmc::ImageToClassScores model("lite0.bundle", digest);  // digest: what `trtmc inspect` prints
 //   trtmc::Scores scores = model(pixels.data(), pixels.size(), height, width);
 //   // scores outlive model; scores.logits() holds every logit in checkpoint order
 #ifndef TRTMC_HPP
@@ -73,18 +73,26 @@ class Scores {
   std::unique_ptr<trtmc_scores, detail::ScoresDeleter> scores_;
 };
 
-// A bundle opened for image_to_class_scores. `options` exists because the C ABI has it: every
-// option is refused (the task has none), with Error code TRTMC_ERROR_UNSUPPORTED_OPTION.
+// A bundle opened for image_to_class_scores.
 class ImageToClassScores {
  public:
-  explicit ImageToClassScores(const std::string& bundle_path,
-                              const std::vector<std::pair<std::string, std::string>>& options = {}) {
+  using Options = std::vector<std::pair<std::string, std::string>>;
+
+  // trtmc_model_open with `options` as name/value pairs: {{"expect_sha256", digest}} is the only
+  // one accepted; any other throws Error(TRTMC_ERROR_UNSUPPORTED_OPTION) (see trtmc_option).
+  explicit ImageToClassScores(const std::string& bundle_path, const Options& options = {}) {
     std::vector<trtmc_option> raw;
     for (const auto& [name, value] : options) raw.push_back({name.c_str(), value.c_str()});
     trtmc_model* model = nullptr;
     detail::check(trtmc_model_open(bundle_path.c_str(), raw.empty() ? nullptr : raw.data(), raw.size(), &model));
     model_.reset(model);
   }
+
+  // Opens the bundle only if its digest is `expect_sha256` (64 hex digits, as `trtmc inspect`
+  // prints it); another bundle throws Error(TRTMC_ERROR_DIGEST_MISMATCH) before any of its engines
+  // loads, a malformed digest Error(TRTMC_ERROR_INVALID_ARGUMENT).
+  ImageToClassScores(const std::string& bundle_path, const std::string& expect_sha256)
+      : ImageToClassScores(bundle_path, Options{{"expect_sha256", expect_sha256}}) {}
 
   // Host RGB float32 HWC in [0, 1]: `count` must be height * width * 3.
   Scores operator()(const float* pixels, std::size_t count, std::int64_t height, std::int64_t width) const {
@@ -94,6 +102,8 @@ class ImageToClassScores {
   }
 
   std::string engine() const { return detail::text(trtmc_model_engine(model_.get())); }
+  // The bundle's digest (sha256 of its manifest.json), lower-case hex: what expect_sha256 pins.
+  std::string digest() const { return detail::text(trtmc_model_digest(model_.get())); }
   std::vector<std::string> skipped_engines() const {
     std::vector<std::string> lines;
     for (std::size_t i = 0; i < trtmc_model_skipped_count(model_.get()); ++i) {

@@ -1,5 +1,6 @@
 // Reading a bundle with well-kept libraries: libzip for the archive (its consistency check refuses
-// truncated files), OpenSSL for SHA-256, nlohmann-json for the JSON members.
+// truncated files), OpenSSL for SHA-256 (the members' checksums and the manifest digest),
+// nlohmann-json for the JSON members.
 #include "bundle.h"
 
 #include <openssl/evp.h>
@@ -111,6 +112,33 @@ void check_version(const json& manifest, const std::string& path) {
   }
 }
 
+// The characters Python's str.isspace() accepts, UTF-8 encoded: str.strip() removes them around a
+// typed digest, so the SDK does too.
+constexpr std::string_view kPythonWhitespace[] = {
+    "\t", "\n", "\v", "\f", "\r", "\x1c", "\x1d", "\x1e", "\x1f", " ", "\u0085", "\u00a0", "\u1680",
+    "\u2000", "\u2001", "\u2002", "\u2003", "\u2004", "\u2005", "\u2006", "\u2007", "\u2008", "\u2009",
+    "\u200a", "\u2028", "\u2029", "\u202f", "\u205f", "\u3000"};
+
+std::string_view strip_python_whitespace(std::string_view text) {
+  for (bool stripped = true; stripped;) {
+    stripped = false;
+    for (std::string_view space : kPythonWhitespace) {
+      if (text.starts_with(space)) text.remove_prefix(space.size()), stripped = true;
+      if (text.ends_with(space)) text.remove_suffix(space.size()), stripped = true;
+    }
+  }
+  return text;
+}
+
+void check_digest(const std::string& digest, const std::optional<std::string>& expected, const std::string& path) {
+  if (expected && digest != *expected) {
+    throw Failure(TRTMC_ERROR_DIGEST_MISMATCH,
+                  path + ": manifest digest " + digest + " is not the expected " + *expected +
+                      ": this is not the bundle you pinned, so nothing in it was loaded; check where it came from, "
+                      "or pin the digest `trtmc inspect` prints for it");
+  }
+}
+
 bool is_engine_member(const std::string& name) { return name.rfind("engines/", 0) == 0; }
 
 // Every listed member must be present with its size and sha256; nothing unlisted may be present.
@@ -218,6 +246,17 @@ std::map<std::string, std::string> engine_members(const std::vector<EngineEntry>
 
 }  // namespace
 
+std::optional<std::string> normalized_digest(std::string_view text) {
+  text = strip_python_whitespace(text);
+  // ASCII only, whatever the host program's locale (isxdigit and tolower follow it).
+  auto lower = [](char c) { return c >= 'A' && c <= 'F' ? static_cast<char>(c - 'A' + 'a') : c; };
+  auto is_hex = [&](char c) { return (c >= '0' && c <= '9') || (lower(c) >= 'a' && lower(c) <= 'f'); };
+  if (text.size() != 64 || !std::all_of(text.begin(), text.end(), is_hex)) return std::nullopt;
+  std::string digest(text);
+  std::transform(digest.begin(), digest.end(), digest.begin(), lower);
+  return digest;
+}
+
 bool EngineEntry::has_file(const std::string& name) const {
   return std::find(files.begin(), files.end(), name) != files.end();
 }
@@ -228,14 +267,17 @@ const std::string& Bundle::engine_file(const EngineEntry& engine, const std::str
   return found->second;
 }
 
-Bundle read_bundle(const std::string& path) {
+Bundle read_bundle(const std::string& path, const std::optional<std::string>& expect_sha256) {
   Archive archive = open_archive(path);
   zip_int64_t manifest_index = zip_name_locate(archive.get(), kManifest, 0);
   if (manifest_index < 0) refuse(path, std::string("not a trtmc bundle (no ") + kManifest + "); " + kRebuild);
-  json manifest = parse_json(read_member(archive.get(), manifest_index, path, kManifest), path, kManifest);
-  check_version(manifest, path);
+  std::string raw_manifest = read_member(archive.get(), manifest_index, path, kManifest);
   Bundle bundle;
   bundle.path = path;
+  bundle.digest = sha256(raw_manifest);
+  check_digest(bundle.digest, expect_sha256, path);
+  json manifest = parse_json(raw_manifest, path, kManifest);
+  check_version(manifest, path);
   try {
     std::map<std::string, std::string> members = verified_members(archive.get(), manifest, path);
     bundle.task = manifest.value("task", "");

@@ -2,13 +2,17 @@
 // manifest.json lists every other member with its size and sha256. read_bundle refuses what the
 // Python reader refuses, with the same advice: a missing or truncated file, an unknown format
 // version, a member that is missing or fails its checksum, a member the manifest does not list.
+// Its digest (the sha256 of manifest.json as stored, which pins every other member's sha256) is
+// Python's `manifest_digest`; a pinned digest is checked before anything else in the bundle is read.
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace trtmc::internal {
@@ -51,6 +55,7 @@ struct EngineEntry {
 
 struct Bundle {
   std::string path;
+  std::string digest;  // sha256 (lower-case hex) of manifest.json as stored
   std::string task;
   PreprocessSpec preprocess;
   std::shared_ptr<const Labels> labels;
@@ -62,7 +67,15 @@ struct Bundle {
   const std::string& engine_file(const EngineEntry& engine, const std::string& name) const;
 };
 
+// The digest a user typed (the expect_sha256 option) in lower case, or nullopt when it is not 64 hex
+// digits. Accepts what trtmc.bundle.expected_digest accepts: either case, and the whitespace
+// Python's str.strip() removes around it.
+std::optional<std::string> normalized_digest(std::string_view text);
+
 // Open and verify a bundle; throws Failure(TRTMC_ERROR_BUNDLE) naming the problem and the fix.
-Bundle read_bundle(const std::string& path);
+// With `expect_sha256` (from normalized_digest), a bundle whose digest differs is refused with
+// TRTMC_ERROR_DIGEST_MISMATCH as soon as its manifest is read: before its format version, its
+// members or its engines are looked at.
+Bundle read_bundle(const std::string& path, const std::optional<std::string>& expect_sha256 = std::nullopt);
 
 }  // namespace trtmc::internal

@@ -3,7 +3,9 @@
 #include <cmath>
 #include <limits>
 #include <new>
+#include <optional>
 #include <sstream>
+#include <string_view>
 
 #include "failure.h"
 #include "handles.h"
@@ -46,17 +48,44 @@ void require(const void* pointer, const char* function, const char* argument) {
   }
 }
 
-void refuse_options(const trtmc_option* options, size_t option_count) {
-  if (option_count == 0) return;
+constexpr std::string_view kExpectSha256 = "expect_sha256";
+
+// What trtmc_model_open's options ask for.
+struct OpenOptions {
+  std::optional<std::string> expect_sha256;  // lower-case hex: the digest the bundle must have
+};
+
+// Refuses every option but expect_sha256 (the task has none: the bundle fixes preprocessing and
+// precision), then checks expect_sha256's value; all before the bundle is opened.
+OpenOptions parse_options(const trtmc_option* options, size_t option_count) {
+  OpenOptions parsed;
+  if (option_count == 0) return parsed;
   require(options, "trtmc_model_open", "options (with option_count > 0)");
-  std::string names;
+  std::string unsupported;
   for (size_t i = 0; i < option_count; ++i) {
-    names += std::string(names.empty() ? "" : ", ") + "'" + (options[i].name ? options[i].name : "(null)") + "'";
+    if (options[i].name != nullptr && options[i].name == kExpectSha256) continue;
+    unsupported += std::string(unsupported.empty() ? "" : ", ") + "'" + (options[i].name ? options[i].name : "(null)") + "'";
   }
-  throw Failure(TRTMC_ERROR_UNSUPPORTED_OPTION,
-                "trtmc_model_open: unsupported option " + names +
-                    ": image_to_class_scores takes no options; preprocessing and precision are fixed by the bundle "
-                    "(rebuild it with `trtmc build` to change them)");
+  if (!unsupported.empty()) {
+    throw Failure(TRTMC_ERROR_UNSUPPORTED_OPTION,
+                  "trtmc_model_open: unsupported option " + unsupported +
+                      ": the only option is expect_sha256 (the bundle's digest); image_to_class_scores takes no "
+                      "runtime options: preprocessing and precision are fixed by the bundle (rebuild it with "
+                      "`trtmc build` to change them)");
+  }
+  for (size_t i = 0; i < option_count; ++i) {
+    if (parsed.expect_sha256) {
+      throw Failure(TRTMC_ERROR_INVALID_ARGUMENT, "trtmc_model_open: option expect_sha256 is given twice; pass it once");
+    }
+    require(options[i].value, "trtmc_model_open", "the value of option expect_sha256");
+    parsed.expect_sha256 = trtmc::internal::normalized_digest(options[i].value);
+    if (!parsed.expect_sha256) {
+      throw Failure(TRTMC_ERROR_INVALID_ARGUMENT, std::string("trtmc_model_open: option expect_sha256 takes the 64 hex "
+                                                              "digits `trtmc inspect` prints as the digest, got '") +
+                                                      options[i].value + "'");
+    }
+  }
+  return parsed;
 }
 
 std::string where(size_t index, int64_t width) {
@@ -125,6 +154,8 @@ const char* trtmc_code_name(trtmc_code code) {
     case TRTMC_ERROR_INFERENCE: return "TRTMC_ERROR_INFERENCE";
     case TRTMC_ERROR_OUT_OF_MEMORY: return "TRTMC_ERROR_OUT_OF_MEMORY";
     case TRTMC_ERROR_INTERNAL: return "TRTMC_ERROR_INTERNAL";
+    case TRTMC_ERROR_DIGEST_MISMATCH: return "TRTMC_ERROR_DIGEST_MISMATCH";
+    case TRTMC_ERROR_INVALID_ARGUMENT: return "TRTMC_ERROR_INVALID_ARGUMENT";
   }
   return "TRTMC_ERROR_UNKNOWN";
 }
@@ -143,8 +174,8 @@ trtmc_status* trtmc_model_open(const char* bundle_path, const trtmc_option* opti
   return guarded("trtmc_model_open", [&] {
     require(model, "trtmc_model_open", "model (the output handle)");
     require(bundle_path, "trtmc_model_open", "bundle_path");
-    refuse_options(options, option_count);
-    trtmc::internal::Bundle bundle = trtmc::internal::read_bundle(bundle_path);
+    OpenOptions open_options = parse_options(options, option_count);
+    trtmc::internal::Bundle bundle = trtmc::internal::read_bundle(bundle_path, open_options.expect_sha256);
     if (bundle.task != trtmc::internal::kTask) {
       throw Failure(TRTMC_ERROR_BUNDLE, bundle.path + ": this bundle serves task '" + bundle.task + "', not " +
                                             trtmc::internal::kTask + "; rebuild it with `trtmc build`");
@@ -152,6 +183,7 @@ trtmc_status* trtmc_model_open(const char* bundle_path, const trtmc_option* opti
     auto opened = std::make_unique<trtmc_model>();
     opened->preprocess = bundle.preprocess;
     opened->labels = bundle.labels;
+    opened->digest = bundle.digest;
     opened->chosen = trtmc::internal::load_first_engine(bundle);
     *model = opened.release();
   });
@@ -160,6 +192,8 @@ trtmc_status* trtmc_model_open(const char* bundle_path, const trtmc_option* opti
 void trtmc_model_release(trtmc_model* model) { delete model; }
 
 const char* trtmc_model_engine(const trtmc_model* model) { return model ? model->chosen.key.c_str() : nullptr; }
+
+const char* trtmc_model_digest(const trtmc_model* model) { return model ? model->digest.c_str() : nullptr; }
 
 size_t trtmc_model_skipped_count(const trtmc_model* model) { return model ? model->chosen.skipped.size() : 0; }
 

@@ -20,6 +20,7 @@ struct trtmc_model {
   trtmc::internal::PreprocessSpec preprocess;
   std::shared_ptr<const trtmc::internal::Labels> labels;
   trtmc::internal::ChosenEngine chosen;
+  std::string digest;  // the bundle's manifest digest
   std::mutex run_lock;  // one engine call at a time per model
   std::atomic<uint64_t> engine_calls{0};  // lets the contract tests prove rejection before inference
 };

@@ -1,5 +1,5 @@
 // The SDK's contract, checked in C++ under ctest: binding, explicit and missing labels,
-// normalization, owned output, rejection before inference, unsupported options.
+// normalization, owned output, rejection before inference, unsupported options, pinned digests.
 //
 //   sdk_contract_tests CONTRACT LABELLED.bundle UNLABELED.bundle
 //
@@ -7,7 +7,13 @@
 // labels); UNLABELED.bundle is the same bundle with its labels removed. Each contract runs real
 // inference through the C ABI; the tests also see the handles' internals (src/handles.h) to prove
 // that rejected input never reaches the engine.
+#include <openssl/evp.h>
+#include <zip.h>
+
+#include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <iostream>
@@ -81,6 +87,50 @@ void expect_status(trtmc_status* status, trtmc_code code, const std::string& phr
   CHECK(message.find(phrase) != std::string::npos);
 }
 
+// Expect `call` to throw trtmc::Error carrying `code` and a message containing `phrase`.
+template <class Call>
+void expect_error(Call&& call, trtmc_code code, const std::string& phrase) {
+  try {
+    call();
+  } catch (const trtmc::Error& error) {
+    CHECK(error.code() == code && std::string(error.code_name()) == trtmc_code_name(code));
+    CHECK(std::string(error.what()).find(phrase) != std::string::npos);
+    return;
+  }
+  CHECK(!"trtmc::Error thrown");
+}
+
+// The bundle's digest as `trtmc inspect` defines it, computed here from the zip: sha256 of
+// manifest.json as stored, lower-case hex.
+std::string manifest_sha256(const std::string& bundle) {
+  zip_t* archive = zip_open(bundle.c_str(), ZIP_RDONLY, nullptr);
+  CHECK(archive != nullptr);
+  zip_stat_t stat;
+  CHECK(zip_stat(archive, "manifest.json", 0, &stat) == 0);
+  std::string manifest(stat.size, '\0');
+  zip_file_t* file = zip_fopen(archive, "manifest.json", 0);
+  CHECK(file != nullptr && zip_fread(file, manifest.data(), manifest.size()) == static_cast<zip_int64_t>(stat.size));
+  zip_fclose(file);
+  zip_discard(archive);
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned length = 0;
+  CHECK(EVP_Digest(manifest.data(), manifest.size(), digest, &length, EVP_sha256(), nullptr) && length == 32);
+  std::string hex;
+  char byte[3];
+  for (unsigned i = 0; i < length; ++i) hex += (std::snprintf(byte, sizeof byte, "%02x", digest[i]), byte);
+  return hex;
+}
+
+std::string upper(std::string text) {
+  std::transform(text.begin(), text.end(), text.begin(), [](unsigned char c) { return std::toupper(c); });
+  return text;
+}
+
+trtmc_status* open_pinned(const std::string& path, const std::string& expect_sha256, trtmc_model** model) {
+  trtmc_option option{"expect_sha256", expect_sha256.c_str()};
+  return trtmc_model_open(path.c_str(), &option, 1, model);
+}
+
 trtmc::internal::PreprocessSpec spec(std::array<float, 3> mean, std::array<float, 3> std) {
   trtmc::internal::PreprocessSpec spec;
   spec.height = spec.width = 224;
@@ -123,23 +173,87 @@ void normalization_applies_the_bundles_mean_and_std_after_the_center_crop(const 
     }
 }
 
-void options_are_refused_because_the_task_has_none(const Bundles& bundles) {
-  for (const char* name : {"precision", "interpolation", "mean", "engine"}) {
+void options_other_than_expect_sha256_are_refused_because_the_task_has_none(const Bundles& bundles) {
+  for (const char* name : {"precision", "interpolation", "mean", "engine", "EXPECT_SHA256", "expect-sha256"}) {
     trtmc_option option{name, "x"};
     trtmc_model* model = reinterpret_cast<trtmc_model*>(&option);  // must be reset to NULL
     expect_status(trtmc_model_open(bundles.labelled.c_str(), &option, 1, &model), TRTMC_ERROR_UNSUPPORTED_OPTION,
-                  std::string("'") + name + "'");
+                  std::string("unsupported option '") + name + "': the only option is expect_sha256");
+    CHECK(model == nullptr);
+  }
+  // A valid pin does not let another option through, and the refusal names only the other one.
+  std::string digest = manifest_sha256(bundles.labelled);
+  trtmc_option mixed[] = {{"expect_sha256", digest.c_str()}, {"precision", "fp16"}};
+  trtmc_model* model = nullptr;
+  expect_status(trtmc_model_open(bundles.labelled.c_str(), mixed, 2, &model), TRTMC_ERROR_UNSUPPORTED_OPTION,
+                "unsupported option 'precision': the only option is expect_sha256 (the bundle's digest); "
+                "image_to_class_scores takes no runtime options");
+  CHECK(model == nullptr);
+  trtmc_option unnamed{nullptr, "x"};
+  expect_status(trtmc_model_open(bundles.labelled.c_str(), &unnamed, 1, &model), TRTMC_ERROR_UNSUPPORTED_OPTION,
+                "'(null)'");
+  expect_status(trtmc_model_open(bundles.labelled.c_str(), nullptr, 1, &model), TRTMC_ERROR_NULL_ARGUMENT, "options");
+  expect_error([&] { trtmc::ImageToClassScores(bundles.labelled, {{"precision", "fp16"}}); },
+               TRTMC_ERROR_UNSUPPORTED_OPTION, "preprocessing and precision are fixed by the bundle");
+}
+
+void a_pinned_digest_opens_its_bundle_and_refuses_any_other(const Bundles& bundles) {
+  std::string digest = manifest_sha256(bundles.labelled);
+  std::string other = manifest_sha256(bundles.unlabeled);  // same engine, other labels: another bundle
+  CHECK(digest != other);
+  // The digest as `trtmc inspect` prints it, and as a user pastes it (either case, stray whitespace).
+  for (const std::string& typed : {digest, " \t" + upper(digest) + "\n", "\u00a0" + digest + "\u3000"}) {
+    trtmc_model* model = nullptr;
+    trtmc_status* status = open_pinned(bundles.labelled, typed, &model);
+    if (status) std::cerr << trtmc_status_message(status) << "\n";
+    CHECK(status == nullptr && model != nullptr);
+    CHECK(trtmc_model_digest(model) == digest);
+    std::vector<float> pixels = test_image(40, 60);
+    trtmc_scores_release(classify(model, pixels, 40, 60));
+    CHECK(model->engine_calls == 1);
+    trtmc_model_release(model);
+  }
+  trtmc_model* unpinned = open(bundles.unlabeled);
+  CHECK(trtmc_model_digest(unpinned) == other && trtmc_model_digest(nullptr) == nullptr);
+  trtmc_model_release(unpinned);
+  // Python's wording (trtmc.bundle.read_bundle), with TRTMC_ERROR_DIGEST_MISMATCH; no model, no engine call.
+  trtmc_model* model = reinterpret_cast<trtmc_model*>(&digest);  // must be reset to NULL
+  expect_status(open_pinned(bundles.unlabeled, upper(digest), &model), TRTMC_ERROR_DIGEST_MISMATCH,
+                bundles.unlabeled + ": manifest digest " + other + " is not the expected " + digest +
+                    ": this is not the bundle you pinned, so nothing in it was loaded; check where it came from, "
+                    "or pin the digest `trtmc inspect` prints for it");
+  CHECK(model == nullptr);
+  CHECK(std::string(trtmc_code_name(TRTMC_ERROR_DIGEST_MISMATCH)) == "TRTMC_ERROR_DIGEST_MISMATCH");
+  // The C++ wrapper: a constructor parameter and an accessor over the same calls.
+  trtmc::ImageToClassScores pinned(bundles.labelled, upper(digest));
+  CHECK(pinned.digest() == digest && trtmc::ImageToClassScores(bundles.unlabeled).digest() == other);
+  expect_error([&] { trtmc::ImageToClassScores(bundles.unlabeled, digest); }, TRTMC_ERROR_DIGEST_MISMATCH,
+               "is not the bundle you pinned");
+}
+
+void a_malformed_digest_is_an_invalid_argument_refused_before_the_bundle_is_read(const Bundles& bundles) {
+  std::string digest = manifest_sha256(bundles.labelled);
+  std::string missing = bundles.labelled + ".missing";  // the digest is checked first, as in Python
+  for (const std::string& typed : {std::string("abc"), std::string(""), digest.substr(1), digest + "0",
+                                   digest.substr(0, 63) + "g", digest.substr(0, 32) + " " + digest.substr(32),
+                                   "0x" + digest.substr(2), "sha256:" + digest}) {
+    trtmc_model* model = nullptr;
+    expect_status(open_pinned(missing, typed, &model), TRTMC_ERROR_INVALID_ARGUMENT,
+                  "trtmc_model_open: option expect_sha256 takes the 64 hex digits `trtmc inspect` prints as the "
+                  "digest, got '" + typed + "'");
     CHECK(model == nullptr);
   }
   trtmc_model* model = nullptr;
-  expect_status(trtmc_model_open(bundles.labelled.c_str(), nullptr, 1, &model), TRTMC_ERROR_NULL_ARGUMENT, "options");
-  try {
-    trtmc::ImageToClassScores refused(bundles.labelled, {{"precision", "fp16"}});
-    CHECK(false);
-  } catch (const trtmc::Error& error) {
-    CHECK(error.code() == TRTMC_ERROR_UNSUPPORTED_OPTION);
-    CHECK(std::string(error.what()).find("takes no options") != std::string::npos);
-  }
+  trtmc_option twice[] = {{"expect_sha256", digest.c_str()}, {"expect_sha256", digest.c_str()}};
+  expect_status(trtmc_model_open(bundles.labelled.c_str(), twice, 2, &model), TRTMC_ERROR_INVALID_ARGUMENT,
+                "option expect_sha256 is given twice");
+  trtmc_option no_value{"expect_sha256", nullptr};
+  expect_status(trtmc_model_open(bundles.labelled.c_str(), &no_value, 1, &model), TRTMC_ERROR_NULL_ARGUMENT,
+                "the value of option expect_sha256 is NULL");
+  CHECK(model == nullptr);
+  // An empty pin is not "no pin": it is refused too.
+  expect_error([&] { trtmc::ImageToClassScores(bundles.labelled, std::string()); }, TRTMC_ERROR_INVALID_ARGUMENT,
+               "takes the 64 hex digits");
 }
 
 void a_bundle_binds_image_to_class_scores_to_its_engine(const Bundles& bundles) {
@@ -267,12 +381,7 @@ void the_cpp_wrapper_returns_what_the_c_abi_returns(const Bundles& bundles) {
     trtmc::ImageToClassScores wrapper(bundles.labelled);
     CHECK(wrapper.engine() == trtmc_model_engine(model) && wrapper.skipped_engines().empty());
     scores.emplace(wrapper(pixels.data(), pixels.size(), 50, 70));
-    try {
-      wrapper(pixels.data(), pixels.size(), 70, 50 + 1);
-      CHECK(false);
-    } catch (const trtmc::Error& error) {
-      CHECK(error.code() == TRTMC_ERROR_SIZE_MISMATCH && std::string(error.code_name()) == "TRTMC_ERROR_SIZE_MISMATCH");
-    }
+    expect_error([&] { wrapper(pixels.data(), pixels.size(), 70, 50 + 1); }, TRTMC_ERROR_SIZE_MISMATCH, "needs");
   }
   CHECK(scores->logits() == logits_of(c_scores));
   CHECK(scores->label_names().size() == trtmc_scores_label_count(c_scores));
@@ -285,7 +394,12 @@ void the_cpp_wrapper_returns_what_the_c_abi_returns(const Bundles& bundles) {
 const std::map<std::string, std::function<void(const Bundles&)>> kContracts = {
     {"normalization_applies_the_bundles_mean_and_std_after_the_center_crop",
      normalization_applies_the_bundles_mean_and_std_after_the_center_crop},
-    {"options_are_refused_because_the_task_has_none", options_are_refused_because_the_task_has_none},
+    {"options_other_than_expect_sha256_are_refused_because_the_task_has_none",
+     options_other_than_expect_sha256_are_refused_because_the_task_has_none},
+    {"a_pinned_digest_opens_its_bundle_and_refuses_any_other",
+     a_pinned_digest_opens_its_bundle_and_refuses_any_other},
+    {"a_malformed_digest_is_an_invalid_argument_refused_before_the_bundle_is_read",
+     a_malformed_digest_is_an_invalid_argument_refused_before_the_bundle_is_read},
     {"a_bundle_binds_image_to_class_scores_to_its_engine", a_bundle_binds_image_to_class_scores_to_its_engine},
     {"explicit_labels_come_back_with_their_vocabulary", explicit_labels_come_back_with_their_vocabulary},
     {"missing_labels_leave_names_and_vocabulary_empty", missing_labels_leave_names_and_vocabulary_empty},
