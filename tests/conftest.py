@@ -64,8 +64,15 @@ def lite0_bundle(tmp_path_factory):
 # compiled engines (an AOTInductor CPU build takes a minute), every architecture beyond the smallest of each
 # family, TensorRT-RTX plans beyond two architectures, and photo checks in fp16/bf16 beyond two families.
 FAST_PLANS = ("tf_efficientnet_lite0", "vit_tiny_patch16_224")
-FAST_PHOTO_CHECKS = ("resnet", "vit")
+FAST_PHOTO_CHECKS = ("resnet",)
 COMPILED_FIXTURES = ("lite0_bundle",)
+# Tests that each cost minutes on a 2-core machine, for what other fast tests already cover.
+SLOW_TESTS = (
+    "test_photo_checks_name_the_smallest_architecture_of_every_family",  # a checkpoint of every architecture
+    "test_real_lite0_weights_keep_top1_in_fp16_and_bf16",  # fp16/bf16 convolutions on the CPU, 22 photos
+    "test_quantized_lite0_keeps_the_fp32_top1_of_the_photos",
+    "test_calibration_reads_every_photo_and_every_convolution_and_linear_op",
+)
 
 
 def _fast_architectures() -> set[str]:
@@ -80,7 +87,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
         arch, family = params.get("arch"), params.get("family")
-        slow = any(name in item.fixturenames for name in COMPILED_FIXTURES)
+        slow = item.originalname in SLOW_TESTS or any(name in item.fixturenames for name in COMPILED_FIXTURES)
         if arch is not None:
             plans = item.module.__name__ == "test_tensorrt_plans_every_architecture"
             slow = slow or arch not in (FAST_PLANS if plans else fast)
