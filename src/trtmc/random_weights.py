@@ -209,18 +209,15 @@ def calibrate_on_photos(source: Path, dest: Path, photos) -> Path:
     return _write_checkpoint(dest, model.state_dict(), (Path(source) / "config.json").read_text())
 
 
-def timm_pixels(folder: Path, photos) -> "torch.Tensor":
-    """Image files through timm's own eval transform for checkpoint `folder`'s pretrained_cfg: [N, C, H, W]."""
-    import torch
-    from PIL import Image
-
+def timm_eval_transform(folder: Path):
+    """timm's own eval transform (RGB PIL image -> normalized CHW tensor) for checkpoint `folder`'s pretrained_cfg."""
     from .checkpoint import Checkpoint
 
     require_timm()
     from timm.data import create_transform
 
     cfg = Checkpoint(Path(folder)).config.pretrained
-    transform = create_transform(
+    return create_transform(
         input_size=tuple(cfg.input_size),
         interpolation=cfg.interpolation,
         crop_pct=cfg.crop_pct,
@@ -228,6 +225,14 @@ def timm_pixels(folder: Path, photos) -> "torch.Tensor":
         mean=tuple(cfg.mean),
         std=tuple(cfg.std),
     )
+
+
+def timm_pixels(folder: Path, photos) -> "torch.Tensor":
+    """Image files through timm's own eval transform for checkpoint `folder`'s pretrained_cfg: [N, C, H, W]."""
+    import torch
+    from PIL import Image
+
+    transform = timm_eval_transform(folder)
     images = []
     for path in photos:
         with Image.open(path) as image:

@@ -13,16 +13,19 @@ from pathlib import Path
 
 from ..random_weights import INSTALL
 from . import oracle, timing
-from .results import ENGINE, SCOPE_TEXT, TASK
+from .results import ENGINE, FOLDER, SCOPE_TEXT, TASK
 from .spec import (
     BASELINE_SPECS,
     BASELINES,
     DEFAULT_BASELINES,
+    FOLDER_BASELINES,
     HEADLINE,
+    LOADER_WORKERS_CAP,
     PRECISIONS,
     BenchConfig,
     BenchOptions,
     Entry,
+    FolderSpec,
     SpecError,
     TimingProtocol,
     default_name,
@@ -50,6 +53,8 @@ def _description() -> str:
                    f"size, engine scope (default: {', '.join(DEFAULT_BASELINES)}; the headline ratio is {HEADLINE} "
                    f"ms / trtmc engine ms):"),
         "\n".join(_paragraph(BASELINE_SPECS[key].description, key, 18) for key in BASELINES),
+        _paragraph(f"With --folder-images N (or an entry's `folder:`), also the {FOLDER} scope: "
+                   + SCOPE_TEXT[FOLDER] + "."),
         _paragraph(timing.describe(TimingProtocol())),
         _paragraph(oracle.describe(oracle.SHIPPED_PHOTOS, photos)),
         _paragraph("Writes results.json, results.md and latency.png to --out; progress goes to stderr. Exit status "
@@ -66,6 +71,8 @@ examples:
   trtmc bench --only resnet50 --only vit_base_patch16_224 --batch 1
   trtmc bench --model ghostnet_100 --random-weights --precision fp16 --batch 1 --batch 128
   trtmc bench --model ./my_checkpoint --max-autotune --out bench-ghostnet
+  trtmc bench --model examples/checkpoints/tf_efficientnet_lite0.in1k --batch 64 --no-baselines \\
+              --folder-images 2002 --folder-images 20000   # files in, results out, against a DataLoader
   trtmc bench --device cpu --model regnetx_002 --random-weights --precision fp32 --batch 1 \\
               --baseline eager-fp32                # exercise the harness without a GPU
   trtmc bench --list
@@ -103,6 +110,14 @@ def add_bench(sub) -> None:
                       help="write a random-weight checkpoint (Hugging Face layout) for every entry whose "
                            "model is not a local folder; needs no network")
     what.add_argument("--seed", type=int, help="seed of the random weights (default: the entry's, 0)")
+    what.add_argument("--folder-images", type=int, action="append", metavar="N",
+                      help="also run the folder scope on a folder of N image files (the oracle's photos copied "
+                           "round-robin into --workdir), repeatable; with a config, replaces every entry's counts")
+    what.add_argument("--loader-workers", type=int, metavar="N",
+                      help=f"the folder scope's DataLoader num_workers (default: the cores, at most {LOADER_WORKERS_CAP})")
+    what.add_argument("--folder-baseline", choices=FOLDER_BASELINES,
+                      help="how the folder scope's DataLoader baseline runs timm: compile (default: torch.compile, "
+                           "default mode) or eager (no compile: a quick check of the harness on a CPU)")
 
     how = p.add_argument_group("how")
     how.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
@@ -115,7 +130,8 @@ def add_bench(sub) -> None:
                           f"({', '.join(DEFAULT_BASELINES)}); choices: {', '.join(BASELINES)}")
     how.add_argument("--max-autotune", action="store_true",
                      help='also time torch.compile(mode="max-autotune") (its compile takes minutes)')
-    how.add_argument("--no-baselines", action="store_true", help="time trtmc only")
+    how.add_argument("--no-baselines", action="store_true",
+                     help="time trtmc only (the folder scope still runs its DataLoader baseline)")
     how.add_argument("--prepare-jobs", type=int, default=0, metavar="N",
                      help="first run N entries at a time, each in a process of its own, through their CPU-bound "
                           "part (random weights, trtmc build, cold torch.compile of the baselines, filling "
@@ -145,6 +161,20 @@ def add_bench(sub) -> None:
 def _protocol_overrides(args) -> dict:
     given = (("warmups", args.warmups), ("iters", args.iters), ("margin", args.margin), ("round_ms", args.round_ms))
     return {k: v for k, v in given if v is not None}
+
+
+def _with_folder(entry: Entry, args) -> Entry:
+    """`entry` with the command line's folder-scope options applied."""
+    folder = entry.folder
+    if args.folder_images:
+        folder = FolderSpec(tuple(args.folder_images)) if folder is None else replace(folder, images=tuple(args.folder_images))
+    if folder is None:
+        return entry
+    if args.loader_workers is not None:
+        folder = replace(folder, loader_workers=args.loader_workers)
+    if args.folder_baseline is not None:
+        folder = replace(folder, baseline=args.folder_baseline)
+    return replace(entry, folder=folder)
 
 
 def entries_from_args(args) -> tuple[Entry, ...]:
@@ -179,6 +209,10 @@ def entries_from_args(args) -> tuple[Entry, ...]:
         if args.seed is not None:
             changes["seed"] = args.seed
         entries = tuple(replace(e, **changes) for e in entries)
+    entries = tuple(_with_folder(e, args) for e in entries)
+    if (args.loader_workers is not None or args.folder_baseline) and not any(e.folder for e in entries):
+        raise SpecError("--loader-workers and --folder-baseline set up the folder scope: add --folder-images N "
+                        "(or a `folder:` to the entries)")
     overrides = _protocol_overrides(args)
     result = []
     for entry in entries:

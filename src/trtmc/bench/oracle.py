@@ -6,13 +6,15 @@ judged after timing, untimed, on the same photos fed in chunks of its batch size
 top-1 class and its top-5 set must be timm's. A class may stand in for one of timm's where timm's own
 logits put it within a tie tolerance of timm's k-th logit (a rounding tie at the row's precision, not a
 wrong answer). A single photo would be a weak oracle: random weights can give every photo one class.
+The folder scope's files, copies of the photos, are judged by `judge_top1`: each file's top-1 class
+against timm's on the photo it copies, with the same ties.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 SHIPPED_PHOTOS = "examples/images"  # in the repository, beside src/
 PHOTOS = Path(__file__).resolve().parents[3] / SHIPPED_PHOTOS
@@ -145,6 +147,22 @@ def judge(logits, ref: Reference, tolerance: float) -> Verdict:
                 mismatches.append(Mismatch(name, k, tuple(picked), tuple(theirs.indices.tolist())))
                 break  # one line per photo: top-1 first
     return Verdict(len(ref.photos), tuple(mismatches), tuple(non_finite))
+
+
+def judge_top1(files: Sequence[str], classes: Sequence[int], photos: Sequence[int], ref: Reference, tolerance: float) -> Verdict:
+    """Each file's top-1 class (`classes`) against timm's on the photo it is a copy of (`photos`: that
+    photo's row in `ref`), a class within `tolerance` of timm's top logit counting as a tie (see `judge`)."""
+    winners = ref.logits.argmax(dim=-1).tolist()
+    allowed = (tolerance * ref.logits.abs().amax(dim=-1)).tolist()
+    mismatches = []
+    for name, ours, row in zip(files, classes, photos):
+        timm = winners[row]
+        if ours == timm:
+            continue
+        tie = 0 <= ours < ref.logits.shape[1] and float(ref.logits[row, timm] - ref.logits[row, ours]) <= allowed[row]
+        if not tie:
+            mismatches.append(Mismatch(name, 1, (int(ours),), (timm,)))
+    return Verdict(len(files), tuple(mismatches))
 
 
 def in_chunks(run: Callable, inputs, batch: int, pad: bool):

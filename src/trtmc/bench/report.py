@@ -1,8 +1,10 @@
 """The bench's outputs: `results.json` (everything), `results.md` (the tables), `latency.png` (the plot).
 
-The headline is the ratio expert-baseline ms / trtmc engine ms, with the absolute times beside it.
-Unstable rows, errors and wrong answers are shown as such, never as numbers to compare; a wrong
-trtmc row fails its entry, so none of that entry's ratios is shown. The protocol paragraph of
+The headline is the ratio expert-baseline ms / trtmc engine ms, with the absolute times beside it; the
+folder scope, where an entry runs it, has its own table: images/s of trtmc and of the DataLoader
+baseline, their ratio and each side's peak RSS. Unstable rows, errors and wrong answers are shown as
+such, never as numbers to compare; a wrong trtmc row fails its entry, so none of that entry's ratios
+is shown. The protocol paragraph of
 results.md is written from the same constants and functions the run used (`timing.describe`,
 `oracle.describe`, `SCOPE_TEXT`, `BASELINE_SPECS`), never by hand.
 """
@@ -18,7 +20,8 @@ from typing import Any
 from ..files import write_bytes_atomically
 from ..random_weights import INSTALL
 from . import oracle, timing
-from .results import ENGINE, SCOPE_TEXT, TASK, TRTMC, BenchResult, EntryResult, Row
+from .folder import MEMORY_SAMPLE_SECONDS
+from .results import ENGINE, FOLDER, SCOPE_TEXT, TASK, TRTMC, BenchResult, EntryResult, FolderSide, Row
 from .sources import RANDOM_WEIGHTS_TEXT
 from .spec import BASELINE_SPECS, HEADLINE
 
@@ -27,7 +30,7 @@ log = logging.getLogger(__name__)
 RESULTS_JSON = "results.json"
 RESULTS_MD = "results.md"
 PLOT_PNG = "latency.png"
-SCHEMA = 2
+SCHEMA = 3  # 3: the folder scope (entries' "folder" and "folder_runs")
 # One colour per subject in every panel; trtmc's task scope is its engine colour, dashed.
 COLORS = {TRTMC: "C0", HEADLINE: "k", "eager-fp32": "C1", "eager-cl": "C2", "reduce-overhead": "C3", "max-autotune": "C4"}
 
@@ -60,6 +63,8 @@ def entry_to_json(result: EntryResult) -> dict[str, Any]:
         "headline": {str(b): _round(result.headline(b), 4) for b in batches},  # expert ms / trtmc engine ms
         "speedup": {key: {str(b): _round(result.ratio(key, b), 4) for b in batches} for key in baselines},
         "rows": [row.to_json() for row in result.rows],
+        "folder": None if entry.folder is None else asdict(entry.folder),
+        "folder_runs": [run.to_json() for run in result.folder_runs],  # ratio: trtmc images/s / baseline's
     }
 
 
@@ -85,6 +90,8 @@ def to_json(result: BenchResult) -> dict[str, Any]:
             "wrong_rows": sum(1 for r in rows if r.status == "wrong"),
             "headline": {e.entry.name: {str(b): _round(e.headline(b), 4) for b in e.entry.batch_sizes}
                          for e in result.entries},
+            "folder": {e.entry.name: {str(run.images): _round(run.ratio, 4) for run in e.folder_runs}
+                       for e in result.entries if e.folder_runs},
         },
         "entries": [entry_to_json(e) for e in result.entries],
     }
@@ -221,6 +228,72 @@ def _row_lines(result: BenchResult) -> list[str]:
     return lines
 
 
+def _gib(value: int | None) -> str:
+    return "" if value is None else f"{value / 2**30:.2f} GiB"
+
+
+def _folder_cell(side: FolderSide) -> str:
+    if side.status == "error":
+        return "error"
+    if side.status == "wrong":
+        return f"**wrong** on {side.verdict.wrong_photos}/{side.verdict.photos} files"
+    return f"{side.images_per_s:.1f} images/s"
+
+
+def _folder_rss(side: FolderSide) -> str:
+    if side.peak_rss is None:
+        return ""
+    text = _gib(side.peak_rss)
+    if side.workers_peak_rss:
+        text += f" ({_gib(side.tree_peak_rss)} with its workers)"
+    return text
+
+
+def _folder_lines(result: BenchResult) -> list[str]:
+    """The folder scope's tables: the comparison, then what each side ran with."""
+    entries = [e for e in result.entries if e.folder_runs]
+    lines = [
+        f"The **{FOLDER}** scope: {SCOPE_TEXT[FOLDER]}.",
+        "",
+        "| model | precision | images | oracle | trtmc | DataLoader baseline | trtmc / baseline | trtmc peak RSS | "
+        "baseline peak RSS |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for e in entries:
+        for run in e.folder_runs:
+            judged = [s for s in (run.trtmc, run.baseline) if s.verdict is not None]
+            wrong = [s for s in judged if not s.verdict.right]
+            oracle_cell = ("**WRONG** " + ", ".join(f"{s.subject} {s.verdict.wrong_photos}/{s.verdict.photos}" for s in wrong)
+                           if wrong else f"right {judged[0].verdict.photos}/{run.images}" if judged else "—")
+            ratio = "—" if run.ratio is None else _ratio_text(e, run.ratio)
+            cells = [e.entry.name, e.entry.precision, str(run.images), oracle_cell, _folder_cell(run.trtmc),
+                     _folder_cell(run.baseline), ratio, _folder_rss(run.trtmc), _folder_rss(run.baseline)]
+            lines.append("| " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "| model | images | side | device | workers | batch | load (untimed) | pass | peak RSS before the pass | "
+        "peak RSS | a worker's peak RSS | with its workers | problem |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for e in entries:
+        for run in e.folder_runs:
+            for side in (run.trtmc, run.baseline):
+                cells = [e.entry.name, str(run.images), side.label, side.device or "", str(side.workers or 0),
+                         str(side.batch or ""), "" if side.load_seconds is None else f"{side.load_seconds:.1f} s",
+                         "" if side.seconds is None else f"{side.seconds:.2f} s", _gib(side.peak_rss_before_pass),
+                         _gib(side.peak_rss), _gib(side.workers_peak_rss) if side.workers_peak_rss else "",
+                         _gib(side.tree_peak_rss) if side.workers_peak_rss else "",
+                         side.error or ("" if side.verdict is None or side.verdict.right else side.verdict.describe())]
+                lines.append("| " + " | ".join(cells) + " |")
+    return lines + [
+        "",
+        "Workers: trtmc's decode threads, the DataLoader's worker processes. Peak RSS: the process's own high-water "
+        "mark (VmHWM) over its life, loading included; a worker's: the largest VmHWM of a worker process; with its "
+        f"workers: the largest sum of the RSS of the process and its workers, sampled every {MEMORY_SAMPLE_SECONDS:g} s "
+        "(pages a worker shares with the process it was forked from count in both: an upper bound).",
+    ]
+
+
 def to_markdown(result: BenchResult) -> str:
     env = result.environment
     baselines = list(result.options.baselines)
@@ -267,6 +340,8 @@ def to_markdown(result: BenchResult) -> str:
                 notes.append(f"- {e.entry.name}: {r.label} {r.scope} batch {r.batch}: {r.error}")
             elif r.status == "wrong" and r.subject != TRTMC:
                 notes.append(f"- {e.entry.name}: {r.label} batch {r.batch} answers wrong: {r.verdict.describe()}")
+    if any(e.folder_runs for e in result.entries):
+        lines += ["", "## Folder scope: files in, results out", "", *_folder_lines(result)]
     lines += ["", "## Protocol", "", *_protocol_lines(result)]
     lines += ["", "## Builds", "", *_build_lines(result)]
     lines += ["", "## Rows", "", *_row_lines(result)]

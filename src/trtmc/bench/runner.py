@@ -3,9 +3,10 @@
 The order inside an entry: timm's fp32 answers on the oracle's photos (on the CPU), the build, then
 every row prepared (trtmc's engine and task scopes and each baseline, at every batch size), its first
 call timed on its own (compile, graph capture); then all rows timed together, round by round
-(`timing.time_interleaved`); then the oracle on every row, untimed. A wrong trtmc row fails the
-entry whatever its speed; a wrong baseline row is reported as wrong, with no ratio; a row that
-errors is recorded and the run goes on.
+(`timing.time_interleaved`); then the oracle on every row, untimed; then, where the entry asks for it,
+the folder scope (`bench.folder`: each side in a process of its own, after this process let go of its
+models). A wrong trtmc row or folder pass fails the entry whatever its speed; a wrong baseline is
+reported as wrong, with no ratio; a row that errors is recorded and the run goes on.
 
 What is timed for trtmc is a `Target`; `Target.from_runtime` adapts a loaded bundle, and tests may
 build one around any torch module (the `prepare` parameter) to exercise the harness without compiling.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import os
 import platform
 import time
 from concurrent.futures import Executor
@@ -31,7 +33,8 @@ from ..preprocess import PreprocessSpec
 from ..random_weights import load_timm_model, timm_pixels
 from . import oracle
 from .baselines import COMPILED, make_baseline
-from .results import ENGINE, TASK, TRTMC, BenchResult, EntryResult, Row
+from .folder import FolderJob, run_folder_scope, usable_cpus
+from .results import ENGINE, TASK, TRTMC, BenchResult, EntryResult, FolderRun, Row
 from .sources import ModelSource, resolve_source
 from .spec import BASELINE_SPECS, BenchOptions, Entry
 from .timing import Clock, CudaEventClock, HostClock, TimedCall, Timing, synchronize, time_interleaved
@@ -69,6 +72,7 @@ class Target:
     build_seconds: float | None = None
     load_seconds: float | None = None
     bundle_bytes: int | None = None
+    bundle: Path | None = None  # the bundle file, which the folder scope opens again in its own processes
 
     @classmethod
     def from_runtime(cls, runtime, **facts: Any) -> "Target":
@@ -137,7 +141,7 @@ def build_target(entry: Entry, source: ModelSource, options: BenchOptions, progr
     load_seconds = time.perf_counter() - started
     progress(f"loaded {runtime.choice.key} in {load_seconds:.1f} s")
     return Target.from_runtime(
-        runtime, build_seconds=build_seconds, load_seconds=load_seconds, bundle_bytes=path.stat().st_size
+        runtime, build_seconds=build_seconds, load_seconds=load_seconds, bundle_bytes=path.stat().st_size, bundle=path
     )
 
 
@@ -325,6 +329,16 @@ def _unsupported(architecture: str, precision: str) -> str | None:
     return None
 
 
+def _folder_job(entry: Entry, options: BenchOptions, source: ModelSource, target: Target) -> FolderJob | None:
+    if entry.folder is None:
+        return None
+    if target.bundle is None:
+        raise ValueError(f"the folder scope opens the entry's bundle file, and {target.key or 'this engine'} came "
+                         "without one; prepare the entry with build_target")
+    return FolderJob(entry.folder, target.bundle, options.backend, source.folder, entry.precision, options.device,
+                     entry.max_batch, Path(options.workdir))
+
+
 def run_entry(
     entry: Entry,
     options: BenchOptions,
@@ -347,6 +361,7 @@ def run_entry(
         timm_model = load_timm_model(source.folder)
         with torch.no_grad():
             target = prepare(entry, source, options, progress)
+            folder_job = _folder_job(entry, options, source, target)
             facts.update(
                 engine_key=target.key,
                 build_seconds=target.build_seconds,
@@ -364,6 +379,7 @@ def run_entry(
             del plan, target, model
         del timm_model
         _free(options.device)
+        folder_runs = () if folder_job is None else run_folder_scope(folder_job, files, ref, progress)
     except KeyboardInterrupt:
         raise
     except Exception as exc:
@@ -371,19 +387,22 @@ def run_entry(
         progress(f"error: {type(exc).__name__}: {exc}")
         return EntryResult(entry, "error", f"{type(exc).__name__}: {exc}", **facts)
 
-    status, message = _entry_status(rows)
+    status, message = entry_status(rows, folder_runs)
     progress(f"{status}{': ' + message if message else ''}")
-    return EntryResult(entry, status, message, rows=tuple(rows), **facts)
+    return EntryResult(entry, status, message, rows=tuple(rows), folder_runs=folder_runs, **facts)
 
 
-def _entry_status(rows: list[Row]) -> tuple[str, str]:
-    ours = [r for r in rows if r.subject == TRTMC]
-    wrong = [r for r in ours if r.status == "wrong"]
+def entry_status(rows: list[Row], folder_runs: tuple[FolderRun, ...] = ()) -> tuple[str, str]:
+    """(status, message) of an entry from trtmc's rows and folder passes: failed on a wrong answer,
+    error where one could not run, else passed; the baselines' rows never fail an entry."""
+    ours = [(f"trtmc {r.scope} batch {r.batch}", r) for r in rows if r.subject == TRTMC]
+    ours += [(f"trtmc folder of {run.images} images", run.trtmc) for run in folder_runs]
+    wrong = [(what, r) for what, r in ours if r.status == "wrong"]
     if wrong:
-        return "failed", "wrong answer: " + "; ".join(f"trtmc {r.scope} batch {r.batch}: {r.verdict.describe()}" for r in wrong)
-    broken = [r for r in ours if r.status == "error"]
+        return "failed", "wrong answer: " + "; ".join(f"{what}: {r.verdict.describe()}" for what, r in wrong)
+    broken = [(what, r) for what, r in ours if r.status == "error"]
     if broken:
-        return "error", "; ".join(f"trtmc {r.scope} batch {r.batch}: {r.error}" for r in broken)
+        return "error", "; ".join(f"{what}: {r.error}" for what, r in broken)
     return "passed", ""
 
 
@@ -461,6 +480,9 @@ def environment(device: str) -> dict[str, Any]:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "device": device,
+        # os.cpu_count() counts the host's CPUs; a container may let this process use fewer.
+        "cpu_count": os.cpu_count(),
+        "usable_cpus": usable_cpus(),
     }
     try:
         import timm

@@ -49,7 +49,7 @@ def _architecture(folder: Path) -> str:
     return Checkpoint(folder).config.architecture
 
 
-def _photos_digest(photos: tuple[Path, ...]) -> str:
+def photos_digest(photos: tuple[Path, ...]) -> str:
     """Names the photo set random weights were calibrated on, so another set gets its own folder."""
     text = "\n".join(f"{p.name}:{p.stat().st_size}" for p in photos)
     return hashlib.sha256(text.encode()).hexdigest()[:8]
@@ -79,7 +79,7 @@ def resolve_source(model: str, weights: str, workdir: Path, seed: int, photos: t
             f"model {model!r} is a timm architecture name, not a checkpoint: add `weights: random` to the entry "
             f"(or pass --random-weights), or give a Hugging Face id such as timm/{model}"
         )
-    folder = Path(workdir) / "checkpoints" / f"{timm_name.replace('/', '_')}-random-seed{seed}-photos-{_photos_digest(photos)}"
+    folder = Path(workdir) / "checkpoints" / f"{timm_name.replace('/', '_')}-random-seed{seed}-photos-{photos_digest(photos)}"
     if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file():
         log.info("reusing random weights in %s", folder)
     else:

@@ -12,6 +12,7 @@ paths (`model:` folders, `photos:`) are resolved against the YAML file's own fol
         model: ../examples/checkpoints/tf_efficientnet_lite0.in1k
         batch: [1, 8, 128]
         protocol: {iters: 20}                  # per-entry override of single protocol fields
+        folder: {images: [2002, 20000]}        # the folder scope: files in, results out (see `FolderSpec`)
 
 Every mistake is reported with the file, the entry (index and name) and the key at fault.
 """
@@ -72,7 +73,13 @@ HEADLINE = "expert"  # the headline ratio: this baseline's ms / trtmc's engine m
 
 TOP_KEYS = ("protocol", "defaults", "entries")
 PROTOCOL_KEYS = ("warmups", "iters", "margin", "round_ms")
-ENTRY_KEYS = ("name", "model", "precision", "batch", "weights", "photos", "seed", "protocol")
+ENTRY_KEYS = ("name", "model", "precision", "batch", "weights", "photos", "seed", "protocol", "folder")
+FOLDER_KEYS = ("images", "loader_workers", "baseline")
+# How the folder scope's DataLoader baseline runs timm's model: as a user writes it (torch.compile in its
+# default mode), or eager (no compile: a check of the harness where compiling takes minutes, a small CPU).
+FOLDER_BASELINES = ("compile", "eager")
+LOADER_WORKERS_CAP = 16  # the DataLoader's num_workers: the machine's cores, at most this many
+MAX_FOLDER_IMAGES = 1_000_000
 DEFAULT_KEYS = tuple(k for k in ENTRY_KEYS if k not in ("name", "model"))
 
 
@@ -109,6 +116,33 @@ class TimingProtocol:
 
 
 @dataclass(frozen=True)
+class FolderSpec:
+    """The folder scope of an entry: for each count in `images`, a folder of that many files (the
+    oracle's photos copied round-robin) classified end to end, files in, results out, by trtmc's
+    pipeline and by the hand-written DataLoader baseline, each in a fresh process (`bench.folder`)."""
+
+    images: tuple[int, ...]
+    loader_workers: int | None = None  # the DataLoader's num_workers; None: the cores, at most LOADER_WORKERS_CAP
+    baseline: str = "compile"  # one of FOLDER_BASELINES
+
+    def validate(self, where: str) -> None:
+        if not self.images or not all(_is_int(n) and 1 <= n <= MAX_FOLDER_IMAGES for n in self.images):
+            raise SpecError(
+                f"{where}: 'images' must be a list of image counts from 1 to {MAX_FOLDER_IMAGES}, such as "
+                f"[2002, 20000], got {list(self.images)!r}"
+            )
+        if len(set(self.images)) != len(self.images):
+            raise SpecError(f"{where}: 'images' lists a count twice: {list(self.images)!r}")
+        if self.loader_workers is not None and (not _is_int(self.loader_workers) or self.loader_workers < 0):
+            raise SpecError(
+                f"{where}: 'loader_workers' must be an integer >= 0 (the DataLoader's num_workers; 0 loads in the "
+                f"main process), got {self.loader_workers!r}"
+            )
+        if self.baseline not in FOLDER_BASELINES:
+            raise SpecError(f"{where}: 'baseline' must be one of {', '.join(FOLDER_BASELINES)}, got {self.baseline!r}")
+
+
+@dataclass(frozen=True)
 class Entry:
     """One model to benchmark: built once, timed at every batch size, checked by the oracle."""
 
@@ -120,6 +154,7 @@ class Entry:
     photos: Path | None = None  # the oracle's folder of images; None: the photos shipped with trtmc
     seed: int = 0  # for random weights
     protocol: TimingProtocol = field(default_factory=TimingProtocol)
+    folder: FolderSpec | None = None  # the folder scope; None: not run
 
     @property
     def max_batch(self) -> int:
@@ -145,6 +180,8 @@ class Entry:
         if self.photos is not None and not Path(self.photos).is_dir():
             raise SpecError(f"{where}: 'photos' {self.photos}: no such folder (the oracle's images)")
         self.protocol.validate(f"{where}: protocol")
+        if self.folder is not None:
+            self.folder.validate(f"{where}: folder")
 
     def with_random_weights(self) -> "Entry":
         return replace(self, weights="random")
@@ -238,6 +275,21 @@ def _batch(value: Any, where: str) -> tuple[int, ...]:
     return tuple(value)
 
 
+def _folder(raw: Any, where: str) -> FolderSpec | None:
+    if raw is None:
+        return None
+    raw = _mapping(raw, where)
+    _check_keys(raw, FOLDER_KEYS, where)
+    if "images" not in raw:
+        raise SpecError(f"{where}: 'images' is required: the image counts of the folders, such as [2002, 20000]")
+    images = raw["images"]
+    if _is_int(images):
+        images = [images]
+    if not isinstance(images, list):
+        raise SpecError(f"{where}: 'images' must be a list of image counts such as [2002, 20000], got {images!r}")
+    return FolderSpec(tuple(images), raw.get("loader_workers"), raw.get("baseline", "compile"))
+
+
 def default_name(model: str) -> str:
     """`timm/resnet50.a1_in1k` -> `resnet50`; `./x/tf_efficientnet_lite0.in1k` -> `tf_efficientnet_lite0`."""
     return Path(model.rstrip("/")).name.split(".")[0] or model
@@ -294,6 +346,7 @@ def parse_config(raw: Any, path: Path | None = None) -> BenchConfig:
             photos=Path(_resolve(photos, base)) if photos else None,
             seed=merged.get("seed", 0),
             protocol=_protocol(item.get("protocol"), protocol, f"{label}: protocol"),
+            folder=_folder(merged.get("folder"), f"{label}: folder"),
         )
         entry.validate(label)
         if entry.name in seen:
