@@ -4,7 +4,8 @@
 #      resnet50 (random weights), fp16, --max-batch 64 (issue 10);
 #   2. folders: `trtmc classify` over 2,002 and 20,000 photos (the 22 repo photos linked round-robin):
 #      images/s and peak RSS (issue 10);
-#   3. `trtmc bench` on ghostnet_100, resnet50 and vit_base_patch16_224 (issues 8 and 12).
+#   3. the folder scope of `trtmc bench` on 2,002 files: trtmc against DataLoader + torch.compile (issue 10);
+#   4. `trtmc bench` on vit_base_patch16_224 and ghostnet_100 against the expert baseline (issues 8 and 12).
 # Every step has its own time limit and the next one runs whatever happened. $OUT receives session.log,
 # measurements.jsonl (wall time and peak RSS per command) and bench/ (results.json, results.md, latency.png).
 #   OUT=/tmp/out bash tools/gpu_session.sh
@@ -45,7 +46,7 @@ for name in lite0 ghostnet_100 resnet50; do
     done
 done
 
-step "folders of 2,002 and 20,000 photos"
+step "folders of 2,002 and 20,000 photos through trtmc classify"
 python3 - >>"$LOG" 2>&1 <<'PY'
 import os
 from pathlib import Path
@@ -59,13 +60,18 @@ for count in (2002, 20000):
             os.symlink(photos[i % len(photos)], link)
 PY
 for count in 2002 20000; do
-    measure "folder-lite0-$count" timeout 300 python3 -m trtmc classify "$WORK/lite0.bundle" "$WORK/photos-$count" --top-k 1 \
+    measure "folder-lite0-$count" timeout 240 python3 -m trtmc classify "$WORK/lite0.bundle" "$WORK/photos-$count" --top-k 1 \
         --output "$WORK/scores-$count.csv"
 done
 head -3 "$WORK/scores-2002.csv" >>"$LOG"
 
-step "bench: ghostnet_100, resnet50, vit_base_patch16_224"
-timeout 420 python3 -m trtmc bench --random-weights --only ghostnet_100 --only resnet50 --only vit_base_patch16_224 \
-    --prepare-jobs 3 --workdir "$WORK/bench" --out "$OUT/bench" >>"$LOG" 2>&1
+step "bench folder scope: trtmc against DataLoader + torch.compile on 2,002 files"
+timeout 300 python3 tools/folder_bench.py --out "$OUT/folder" --workdir "$WORK/folderbench" --images 2002 >>"$LOG" 2>&1
+echo "folder bench: $?" >>"$LOG"
+for f in bench.log summary.txt ray.json; do [ -f "$OUT/folder/$f" ] && { echo "--- folder/$f" >>"$LOG"; cat "$OUT/folder/$f" >>"$LOG"; rm "$OUT/folder/$f"; }; done
+
+step "bench: vit_base_patch16_224 and ghostnet_100 against the expert baseline"
+timeout 330 python3 -m trtmc bench --random-weights --only vit_base_patch16_224 --only ghostnet_100 --baseline expert \
+    --prepare-jobs 2 --workdir "$WORK/bench" --out "$OUT/bench" >>"$LOG" 2>&1
 echo "bench: $?" >>"$LOG"
 step "done"
