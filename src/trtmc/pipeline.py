@@ -1,22 +1,30 @@
 """Classifying collections of image files: a streaming pipeline from paths to per-file results.
 
 `classify_files(runtime, paths)` yields one `FileResult` per path, in input order, while later files
-are still being read. Worker threads decode and preprocess (Pillow releases the GIL while it decodes
-and resizes), the main thread packs their output into fixed-size batches of the engine's batch size in
-pinned host memory, copies each batch to the device asynchronously and runs the engine while the
-workers prepare the next one. At most a few batches are in flight, so memory does not grow with the
-number of files. A file that cannot be read becomes an error result and the run goes on.
+are still being read. Worker processes decode, resize and center-crop (`PreprocessSpec.crop_pil`) and
+send back 8-bit pixels, a quarter of the float bytes; the main thread packs them into fixed-size
+batches of the engine's batch size in pinned host memory, copies each batch to the device
+asynchronously, normalizes it there and runs the engine while the workers prepare the next one. At
+most a few batches are in flight, so memory does not grow with the number of files. A file that
+cannot be read becomes an error result and the run goes on.
+
+Processes, not threads: on the H200 machine 16 decode threads gave 181 images/s (Pillow releases the
+GIL inside decode and resize, but 16 threads queueing for it between those calls ran little faster
+than one), where 16 DataLoader processes decoding the same files gave 1,072 (benchmarks/NOTES.md).
 
 Every file goes through exactly the task's preprocessing (`trtmc.tasks.load_image`, then the bundle's
-`PreprocessSpec.from_pil`), so its logits are those `image_to_class_scores` gives for it.
+`PreprocessSpec`: `from_pil` is `crop_pil` then `normalize_bytes`, float32 operations that round the
+same on a CPU and a GPU), so its logits are those `image_to_class_scores` gives for it.
 """
 
 from __future__ import annotations
 
 import glob
+import itertools
+import multiprocessing
 import os
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
@@ -24,6 +32,7 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
+from .preprocess import PreprocessSpec
 from .runtime import Runtime
 from .tasks import InvalidInput, load_image
 
@@ -38,8 +47,9 @@ class NoImages(ValueError):
 @dataclass(frozen=True)
 class PipelineOptions:
     batch_size: int | None = None  # None: the engine's largest batch
-    workers: int | None = None  # decode threads; None: one per CPU core
+    workers: int | None = None  # decode processes; None: one per CPU this process may use
     prefetch_batches: int = 2  # batches decoded ahead of the engine: bounds memory
+    threads: bool = False  # decode in threads of this process instead (for hosts that cannot fork)
 
     def validate(self) -> None:
         if self.batch_size is not None and self.batch_size < 1:
@@ -116,9 +126,31 @@ def expand_images(specs: Sequence[str | Path]) -> list[Path]:
 # ---- the pipeline ---------------------------------------------------------------------------------
 
 
-def _prepare(runtime: Runtime, path: Path) -> torch.Tensor:
-    """Decode and preprocess one file in a worker thread: normalized float32 CHW."""
-    return runtime.preprocess.from_pil(load_image(path))
+def _crop_files(spec: PreprocessSpec, paths: list[str]) -> list[np.ndarray | str]:
+    """In a worker: each file's cropped 8-bit pixels (HWC), or why it cannot be read."""
+    out: list[np.ndarray | str] = []
+    for path in paths:
+        try:
+            out.append(spec.crop_pil(load_image(Path(path))))
+        except InvalidInput as exc:
+            out.append(str(exc))
+    return out
+
+
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _decoder(options: PipelineOptions) -> Executor:
+    workers = options.workers or _usable_cpus()
+    if options.threads or workers == 1:
+        return ThreadPoolExecutor(workers, thread_name_prefix="trtmc-decode")
+    # fork starts workers in milliseconds and they never touch CUDA; spawn where fork does not exist.
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method))
 
 
 def _batch_size(runtime: Runtime, options: PipelineOptions, count: int | None) -> int:
@@ -140,19 +172,20 @@ def _batch_size(runtime: Runtime, options: PipelineOptions, count: int | None) -
 class _Batch:
     """A fixed-size host batch and, per input file in order, its row in the batch or its error."""
 
-    pixels: torch.Tensor  # [size, C, H, W], pinned when the engine runs on CUDA
+    pixels: torch.Tensor  # [size, H, W, 3] uint8, pinned when the engine runs on CUDA
     entries: list[tuple[str, int | None, str | None]]  # (image, row, error)
     rows: int = 0
     logits: torch.Tensor | None = None  # the engine's output, once launched
 
 
 class _Runner:
-    """Copies host batches to the device and runs the engine, one batch in flight behind the one filling.
+    """Copies 8-bit host batches to the device, normalizes them there and runs the engine, one batch
+    in flight behind the one filling.
 
     Two host buffers take turns: a batch is launched (asynchronous copy from pinned memory, then the
-    engine, on CUDA) before the previous batch's results are read, so the copy overlaps the previous
-    engine call and both overlap the decoding of the next batch. A buffer is refilled only after its
-    batch's results were read, which orders the refill after its copy.
+    normalization and the engine, on CUDA) before the previous batch's results are read, so the copy
+    overlaps the previous engine call and both overlap the decoding of the next batch. A buffer is
+    refilled only after its batch's results were read, which orders the refill after its copy.
     """
 
     def __init__(self, runtime: Runtime, size: int) -> None:
@@ -164,30 +197,35 @@ class _Runner:
         self.cuda = runtime.device == "cuda"
         self.dtype = TORCH_DTYPES[runtime.graph.inputs[0].type.dtype]
         self.copy_stream = torch.cuda.Stream() if self.cuda else None
-        c, h, w = runtime.graph.inputs[0].type.shape[1:]
-        shape = (self.run_size, c, h, w)
-        self.buffers = [torch.zeros(shape, dtype=torch.float32, pin_memory=self.cuda) for _ in range(2)]
+        h, w = runtime.preprocess.input_size
+        shape = (self.run_size, h, w, 3)
+        self.buffers = [torch.zeros(shape, dtype=torch.uint8, pin_memory=self.cuda) for _ in range(2)]
         self.turn = 0
 
     def new_batch(self) -> _Batch:
         self.turn ^= 1
         return _Batch(self.buffers[self.turn], [])
 
+    def _pixels(self, nhwc: torch.Tensor) -> torch.Tensor:
+        """The engine's input: normalized NCHW in its dtype (channels-last on CUDA, as the engine keeps it)."""
+        pixels = self.runtime.preprocess.normalize_bytes(nhwc).to(self.dtype)
+        return pixels if self.cuda else pixels.contiguous()
+
     def launch(self, batch: _Batch) -> None:
         if batch.rows == 0:
             return  # only errors: nothing to run
         rows = self.runtime.batching.run_size(batch.rows)
         batch.pixels[batch.rows : rows].zero_()  # padding rows; their logits are dropped
-        pixels = batch.pixels[:rows]
+        nhwc = batch.pixels[:rows]
         if not self.cuda:
-            batch.logits = self.runtime.engine(pixels.to(self.dtype))
+            batch.logits = self.runtime.engine(self._pixels(nhwc))
             return
         with torch.cuda.stream(self.copy_stream):
-            device = pixels.to("cuda", non_blocking=True).to(self.dtype)
+            device = nhwc.to("cuda", non_blocking=True)
         compute = torch.cuda.current_stream()
         compute.wait_stream(self.copy_stream)
         device.record_stream(compute)
-        batch.logits = self.runtime.engine(device)
+        batch.logits = self.runtime.engine(self._pixels(device))
 
     @staticmethod
     def results(batch: _Batch) -> Iterator[FileResult]:
@@ -206,34 +244,42 @@ def classify_files(
     options.validate()
     size = _batch_size(runtime, options, len(paths) if isinstance(paths, Sequence) else None)
     runner = _Runner(runtime, size)
-    workers = options.workers or os.cpu_count() or 1
+    # Files go to the workers in small groups (fewer, larger messages), enough groups for every worker.
+    group = max(1, min(8, size // (options.workers or _usable_cpus())))
     window = size * (options.prefetch_batches + 1)  # files decoded ahead: what bounds memory
-    with ThreadPoolExecutor(workers, thread_name_prefix="trtmc-decode") as pool:
+    with _decoder(options) as pool:
         source = iter(paths)
-        pending: deque[tuple[str, Future]] = deque()
+        pending: deque[tuple[list[str], Future]] = deque()
+        queued = 0
 
         def refill() -> None:
-            while len(pending) < window and (path := next(source, None)) is not None:
-                pending.append((str(path), pool.submit(_prepare, runtime, Path(path))))
+            nonlocal queued
+            while queued < window:
+                names = [str(p) for p in itertools.islice(source, group)]
+                if not names:
+                    return
+                pending.append((names, pool.submit(_crop_files, runtime.preprocess, names)))
+                queued += len(names)
 
         refill()
         previous: _Batch | None = None
         batch = runner.new_batch()
         while pending:
-            image, future = pending.popleft()
+            names, future = pending.popleft()
+            queued -= len(names)
             refill()
-            try:
-                batch.pixels[batch.rows].copy_(future.result())
-            except InvalidInput as exc:
-                batch.entries.append((image, None, str(exc)))
-            else:
+            for image, cropped in zip(names, future.result()):
+                if isinstance(cropped, str):
+                    batch.entries.append((image, None, cropped))
+                    continue
+                batch.pixels[batch.rows].copy_(torch.from_numpy(cropped))
                 batch.entries.append((image, batch.rows, None))
                 batch.rows += 1
-            if batch.rows == size:
-                runner.launch(batch)
-                if previous is not None:
-                    yield from runner.results(previous)
-                previous, batch = batch, runner.new_batch()
+                if batch.rows == size:
+                    runner.launch(batch)
+                    if previous is not None:
+                        yield from runner.results(previous)
+                    previous, batch = batch, runner.new_batch()
         runner.launch(batch)
         if previous is not None:
             yield from runner.results(previous)

@@ -81,14 +81,21 @@ class PreprocessSpec:
         left = int(round((width - crop_w) / 2.0))
         return hwc[top : top + crop_h, left : left + crop_w]
 
-    def _normalize(self, hwc: np.ndarray) -> torch.Tensor:
-        """Float32 HWC in [0, 1] -> (x - mean) / std as CHW, in numpy: small tensors are slow in torch."""
-        mean = np.asarray(self.mean, dtype=np.float32)
-        std = np.asarray(self.std, dtype=np.float32)
-        return torch.from_numpy(np.ascontiguousarray(((hwc - mean) / std).transpose(2, 0, 1)))
+    def normalize(self, nhwc: torch.Tensor) -> torch.Tensor:
+        """Pixels in [0, 1] as NHWC -> (x - mean) / std as NCHW (a channels-last view: no copy), in
+        float32 on the pixels' device; every step is one correctly rounded float32 operation, so a CPU
+        and a GPU give the same bits."""
+        mean = torch.tensor(self.mean, dtype=torch.float32, device=nhwc.device)
+        std = torch.tensor(self.std, dtype=torch.float32, device=nhwc.device)
+        return ((nhwc.float() - mean) / std).permute(0, 3, 1, 2)
 
-    def from_pil(self, image) -> torch.Tensor:
-        """A PIL image (any mode) -> normalized float32 CHW, exactly as timm's eval transform."""
+    def normalize_bytes(self, nhwc: torch.Tensor) -> torch.Tensor:
+        """8-bit NHWC pixels -> normalized float32 NCHW: values / 255 first, as timm's ToTensor does."""
+        return self.normalize(nhwc.float() / 255.0)
+
+    def crop_pil(self, image) -> np.ndarray:
+        """A PIL image (any mode) -> the resized, center-cropped 8-bit RGB pixels (HWC), exactly as
+        timm's eval transform crops them; `normalize_bytes` finishes the transform."""
         from PIL import Image
 
         filters = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC, "nearest": Image.NEAREST}
@@ -96,8 +103,11 @@ class PreprocessSpec:
         height, width = self.resized_size(image.height, image.width)
         if (height, width) != (image.height, image.width):  # torchvision leaves an image of the right size alone
             image = image.resize((width, height), filters[self.interpolation])
-        pixels = self._crop(np.asarray(image), height, width)
-        return self._normalize(pixels.astype(np.float32) / np.float32(255.0))
+        return np.array(self._crop(np.asarray(image), height, width))  # a writable, contiguous copy
+
+    def from_pil(self, image) -> torch.Tensor:
+        """A PIL image (any mode) -> normalized float32 CHW, exactly as timm's eval transform."""
+        return self.normalize_bytes(torch.from_numpy(self.crop_pil(image))[None])[0].contiguous()
 
     def from_array(self, hwc: np.ndarray) -> torch.Tensor:
         """A float32 HWC RGB array in [0, 1] -> normalized float32 CHW."""
@@ -110,4 +120,4 @@ class PreprocessSpec:
                 align_corners=False if smooth else None, antialias=smooth,
             )[0]
         chw = chw.clamp(0.0, 1.0)
-        return self._normalize(self._crop(chw.permute(1, 2, 0), height, width).numpy())
+        return self.normalize(self._crop(chw.permute(1, 2, 0), height, width)[None])[0].contiguous()

@@ -55,7 +55,7 @@ def add(sub) -> None:
                    help="write the results to FILE instead of stdout: .jsonl (as --json) or .csv (image, then index, "
                         "score and label for each of the top-k, then error); written atomically")
     p.add_argument("--batch-size", type=int, metavar="N", help="images per engine call (default: the engine's largest)")
-    p.add_argument("--workers", type=int, metavar="N", help="decoding threads (default: one per CPU core)")
+    p.add_argument("--workers", type=int, metavar="N", help="decoding processes (default: one per CPU this process may use)")
     p.add_argument("--engine", metavar="NAME",
                    help=f"use this engine: a backend ({', '.join(BACKENDS)}) or an engine key from `trtmc inspect`; "
                         "default: the first that runs here")
