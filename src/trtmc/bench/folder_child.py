@@ -139,7 +139,7 @@ def _top(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def run_trtmc(work: TrtmcPass) -> Measurement:
-    """trtmc's `classify_files` over the folder, its default decode threads, `work.batch` files an engine call."""
+    """trtmc's `classify_files` over the folder, its default decode workers, `work.batch` files an engine call."""
     from ..pipeline import PipelineOptions, classify_files, expand_images
     from ..runtime import Runtime
 

@@ -287,7 +287,7 @@ def _folder_lines(result: BenchResult) -> list[str]:
                 lines.append("| " + " | ".join(cells) + " |")
     return lines + [
         "",
-        "Workers: trtmc's decode threads, the DataLoader's worker processes. Peak RSS: the process's own high-water "
+        "Workers: trtmc's decode processes, the DataLoader's worker processes. Peak RSS: the process's own high-water "
         "mark (VmHWM) over its life, loading included; a worker's: the largest VmHWM of a worker process; with its "
         f"workers: the largest sum of the RSS of the process and its workers, sampled every {MEMORY_SAMPLE_SECONDS:g} s "
         "(pages a worker shares with the process it was forked from count in both: an upper bound).",

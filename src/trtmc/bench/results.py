@@ -23,7 +23,7 @@ SCOPE_TEXT = {
     "(resize, crop, normalize, transfer, engine, copy back); decoding is not timed",
     FOLDER: "a folder of image files in (the oracle's photos copied round-robin), every file's top-5 in memory "
     "out, one pass timed in a fresh process after loading and compiling: trtmc's classify_files (its default "
-    "decode threads, the engine's largest batch) against what a user writes by hand, timm with a "
+    "decode worker processes, the engine's largest batch) against what a user writes by hand, timm with a "
     f"torch.utils.data.DataLoader (timm's eval transform, num_workers = the cores up to {LOADER_WORKERS_CAP}, "
     "pin_memory, the same batch) and the model in the entry's precision, channels_last, torch.compile in its "
     "default mode; images/s of each and their ratio, and each process's peak RSS (its own; with its workers, "
@@ -82,7 +82,7 @@ class FolderSide:
     files: int  # the files in the folder
     seconds: float | None = None  # the timed pass, file names to every result in memory
     load_seconds: float | None = None  # before the pass, untimed: the model loaded, compiled, warmed up
-    workers: int | None = None  # trtmc: decode threads; the baseline: DataLoader worker processes
+    workers: int | None = None  # trtmc: decode worker processes; the baseline: DataLoader worker processes
     batch: int | None = None
     device: str | None = None
     peak_rss: int | None = None  # bytes, the process's own peak over its whole life
