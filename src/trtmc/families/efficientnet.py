@@ -1,5 +1,5 @@
-"""EfficientNet and EfficientNet-Lite (https://arxiv.org/abs/1905.11946) and MobileNetV2
-(https://arxiv.org/abs/1801.04381), built from the blocks of
+"""EfficientNet and EfficientNet-Lite (https://arxiv.org/abs/1905.11946), MobileNetV2
+(https://arxiv.org/abs/1801.04381) and TinyNet (https://arxiv.org/abs/2010.14819), built from the blocks of
 timm's EfficientNet builder, which the families of its relatives share. It reads `conv_stem`/`bn1`, every
 `blocks.<stage>.<block>` (a ds, ir, er, cn or uir block: its convolutions, a MixedConv2d's `.<i>` parts,
 batch norms and `se.*`), `conv_head`/`bn2` and `classifier`.
@@ -374,11 +374,18 @@ ARCHITECTURES = {
     "tf_efficientnet_lite3": _TF_LITE,
     "tf_efficientnet_lite4": _TF_LITE,
     "mobilenetv2_100": _MOBILENETV2,
+    # TinyNet shrinks EfficientNet-B0's resolution, width and depth together ("Model Rubik's Cube"):
+    # timm builds it with B0's blocks, SiLU and its own padding; the tensors say the widths and depths.
+    "tinynet_a": _TIMM,
+    "tinynet_b": _TIMM,
+    "tinynet_c": _TIMM,
+    "tinynet_d": _TIMM,
+    "tinynet_e": _TIMM,
 }
 
 FAMILY = Family(
     name="efficientnet",
-    summary="EfficientNet B0-B3, EfficientNet-Lite0-4 and MobileNetV2: inverted-residual blocks, optional SE",
+    summary="EfficientNet B0-B3, EfficientNet-Lite0-4, MobileNetV2 and TinyNet A-E: inverted-residual blocks, optional SE",
     architectures=ARCHITECTURES,
     derive_layout=derive_layout,
     emit=emit,
