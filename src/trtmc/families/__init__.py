@@ -31,6 +31,7 @@ _MODULES = (
     "convnext",
     "vit",
     "efficientvit",
+    "efficientnetv2",
 )
 
 ArchT = TypeVar("ArchT")
