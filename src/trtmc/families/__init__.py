@@ -32,6 +32,7 @@ _MODULES = (
     "vit",
     "efficientvit",
     "efficientnetv2",
+    "mixnet",
 )
 
 ArchT = TypeVar("ArchT")
