@@ -28,6 +28,7 @@ MISSING_TENSOR = {
     "efficientvit": ("efficientvit_b0", "stages.3.blocks.1.context_module.main.proj.norm.running_var"),
     "efficientnetv2": ("tf_efficientnetv2_b0", "blocks.2.1.bn2.running_var"),
     "mixnet": ("mixnet_s", "blocks.3.1.bn2.running_var"),
+    "mnasnet": ("mnasnet_small", "blocks.4.1.bn2.running_var"),
 }
 
 

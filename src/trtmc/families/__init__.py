@@ -33,6 +33,7 @@ _MODULES = (
     "efficientvit",
     "efficientnetv2",
     "mixnet",
+    "mnasnet",
 )
 
 ArchT = TypeVar("ArchT")
