@@ -29,6 +29,7 @@ MISSING_TENSOR = {
     "efficientnetv2": ("tf_efficientnetv2_b0", "blocks.2.1.bn2.running_var"),
     "mixnet": ("mixnet_s", "blocks.3.1.bn2.running_var"),
     "mnasnet": ("mnasnet_small", "blocks.4.1.bn2.running_var"),
+    "fbnet": ("fbnetc_100", "blocks.3.2.bn3.running_var"),
 }
 
 

@@ -34,6 +34,7 @@ _MODULES = (
     "efficientnetv2",
     "mixnet",
     "mnasnet",
+    "fbnet",
 )
 
 ArchT = TypeVar("ArchT")
