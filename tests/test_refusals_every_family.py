@@ -30,6 +30,7 @@ MISSING_TENSOR = {
     "mixnet": ("mixnet_s", "blocks.3.1.bn2.running_var"),
     "mnasnet": ("mnasnet_small", "blocks.4.1.bn2.running_var"),
     "fbnet": ("fbnetc_100", "blocks.3.2.bn3.running_var"),
+    "lcnet": ("lcnet_050", "blocks.4.2.bn2.running_var"),
 }
 
 

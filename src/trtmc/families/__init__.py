@@ -35,6 +35,7 @@ _MODULES = (
     "mixnet",
     "mnasnet",
     "fbnet",
+    "lcnet",
 )
 
 ArchT = TypeVar("ArchT")
