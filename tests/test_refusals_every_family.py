@@ -31,6 +31,7 @@ MISSING_TENSOR = {
     "mnasnet": ("mnasnet_small", "blocks.4.1.bn2.running_var"),
     "fbnet": ("fbnetc_100", "blocks.3.2.bn3.running_var"),
     "lcnet": ("lcnet_050", "blocks.4.2.bn2.running_var"),
+    "hardcorenas": ("hardcorenas_b", "blocks.3.2.bn2.running_var"),
 }
 
 

@@ -36,6 +36,7 @@ _MODULES = (
     "mnasnet",
     "fbnet",
     "lcnet",
+    "hardcorenas",
 )
 
 ArchT = TypeVar("ArchT")
