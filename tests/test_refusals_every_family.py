@@ -32,6 +32,7 @@ MISSING_TENSOR = {
     "fbnet": ("fbnetc_100", "blocks.3.2.bn3.running_var"),
     "lcnet": ("lcnet_050", "blocks.4.2.bn2.running_var"),
     "hardcorenas": ("hardcorenas_b", "blocks.3.2.bn2.running_var"),
+    "mobilenetv4": ("mobilenetv4_conv_small_050", "blocks.3.1.dw_mid.bn.running_var"),
 }
 
 

@@ -37,6 +37,7 @@ _MODULES = (
     "fbnet",
     "lcnet",
     "hardcorenas",
+    "mobilenetv4",
 )
 
 ArchT = TypeVar("ArchT")
