@@ -32,6 +32,9 @@ def test_mixconv_groups_and_kernel_sizes_come_from_the_tensors(timm_checkpoint):
     assert all(p.attrs.stride == (2, 2) and p.attrs.groups == 48 for p in parts)
     joined = graph.node("blocks.2.0.conv_dw")
     assert joined.kind is OpKind.CONCAT and joined.type.shape == (1, 144, 28, 28)
+    # Two halves through 1x1 kernels are one conv with two groups.
+    split_pw = graph.node("blocks.1.0.conv_pw")
+    assert split_pw.kind is OpKind.CONV2D and split_pw.attrs.groups == 2 and split_pw.type.shape[1] == 96
 
 
 def test_tf_variant_pads_every_kernel_same_for_its_size(timm_checkpoint):
