@@ -1,5 +1,5 @@
-"""EfficientNet, EfficientNet-Lite and MobileNetV2: the real Lite0 weights on photos, TF padding and eps,
-layout from the tensors, refusals before weights load.
+"""EfficientNet, EfficientNet-Lite, MobileNetV2 and TinyNet: the real Lite0 weights on photos, TF padding and
+eps, layout from the tensors, the stage grammar the relatives share, refusals before weights load.
 
 Checks every family shares: test_parity_every_architecture.py, test_refusals_every_family.py.
 """
@@ -24,7 +24,17 @@ from support import (
 )
 from trtmc.checkpoint import Checkpoint, CheckpointError
 from trtmc.families import UnsupportedModel
-from trtmc.families.efficientnet import ARCHITECTURES, FAMILY, TF_EPS, TIMM_EPS, BlockKind, decode_stages, derive_layout
+from trtmc.families.efficientnet import (
+    ARCHITECTURES,
+    FAMILY,
+    TF_EPS,
+    TIMM_EPS,
+    BlockKind,
+    StageSpec,
+    decode_stages,
+    derive_layout,
+)
+from trtmc.graph import Activation
 
 # bf16 keeps 8 mantissa bits: on the real Lite0 weights timm's own bf16 model reaches KL 1.1e-3 (and
 # flips 1 of 22 photos), trtmc's bf16 graph 1.5e-3 (none).
@@ -113,7 +123,27 @@ def test_a_module_the_layout_cannot_place_is_unsupported(timm_checkpoint, tmp_pa
     )
 
 
-def test_stage_grammar_rejects_unknown_tokens():
-    assert decode_stages("s1 s2_nre")[1].stride == 2
+def test_tinynet_is_efficientnet_b0_resized_by_its_tensors(timm_checkpoint):
+    """TinyNet-E shrinks B0 to 106 px, 0.51x width and 0.6x depth; only the tensors say so."""
+    assert ARCHITECTURES["tinynet_e"] is ARCHITECTURES["efficientnet_b0"]
+    b0 = derive_layout(Checkpoint(timm_checkpoint("efficientnet_b0")), ARCHITECTURES["efficientnet_b0"])
+    e = derive_layout(Checkpoint(timm_checkpoint("tinynet_e")), ARCHITECTURES["tinynet_e"])
+
+    def depths(layout):
+        return [sum(b.prefix.startswith(f"blocks.{s}.") for b in layout.blocks) for s in range(7)]
+
+    assert (depths(b0), depths(e)) == ([1, 2, 2, 3, 3, 4, 1], [1, 1, 1, 2, 2, 2, 1])
+    assert (b0.blocks[-1].out_width, e.blocks[-1].out_width) == (320, 160)  # 320 x 0.51, rounded to 8s
+    assert [b.prefix for b in e.blocks if b.stride == 2] == ["blocks.1.0", "blocks.2.0", "blocks.3.0", "blocks.5.0"]
+
+
+def test_stage_grammar_reads_timms_tokens_and_rejects_unknown_ones():
+    assert decode_stages("s1 s2_nre")[1] == StageSpec(2, Activation.RELU)
+    assert decode_stages("s1_skip s2_nsw s1_noskip s2_dsa") == (
+        StageSpec(1, skip=True),
+        StageSpec(2, Activation.SILU),
+        StageSpec(1, noskip=True),
+        StageSpec(2, noskip=True, pw_act=True),
+    )
     with pytest.raises(ValueError, match=r"unknown token 'k3' in 's1 s2_k3'"):
         decode_stages("s1 s2_k3")

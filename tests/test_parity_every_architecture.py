@@ -45,15 +45,16 @@ class PhotoCheck:
     arch: str
     max_kl: dict[str, float]
     input_size: int | None = None
+    # Photos that may flip where timm's own margin is a tie at that precision (support.TIE_MARGIN).
+    near_ties: int = 0
 
 
 # Each check runs on a photo-calibrated copy of the random checkpoint (support.save_photo_calibrated_
 # checkpoint: with plain random weights GhostNet's fp16 activations overflow past blocks.7 and bf16
 # top-1 is a coin toss) and asks for timm's top-1 on all 22 photos in fp16 and in bf16.
 PHOTO_CHECKS = {
-    # ReLU6 stacks amplify bf16 rounding on this checkpoint: timm's own model cast to bf16 reaches
-    # KL 8.0e-2 (fp16: 2.8e-4), trtmc's bf16 graph 9.0e-2, and both keep top-1 on every photo.
-    "efficientnet": PhotoCheck("mobilenetv2_100", {"fp16": 1e-3, "bf16": 0.15}),
+    # timm's own model cast to bf16 reaches KL 8.5e-4 (fp16: 1.7e-5), trtmc's bf16 graph 7.6e-4.
+    "efficientnet": PhotoCheck("tinynet_e", {"fp16": 1e-4, "bf16": 5e-3}),
     "ghostnet": PhotoCheck("ghostnet_050", {"fp16": 1e-4, "bf16": 1e-2}),
     # bf16 keeps 8 mantissa bits: on the real Lite0 weights timm's own bf16 model reaches KL 1.1e-3
     # (and flips 1 of 22 photos), trtmc's bf16 graph 1.5e-3 (none). On this checkpoint timm's own bf16
@@ -71,6 +72,22 @@ PHOTO_CHECKS = {
     "convnext": PhotoCheck("convnext_atto", {"fp16": 1e-3, "bf16": 1e-3}),
     "vit": PhotoCheck("vit_tiny_patch16_224", {"fp16": 1e-3, "bf16": 1e-3}),
     "efficientvit": PhotoCheck("efficientvit_b0", {"fp16": 1e-3, "bf16": 1e-3}),
+    # timm's own bf16 reaches KL 5.6e-4, trtmc's 5.3e-4.
+    "efficientnetv2": PhotoCheck("tf_efficientnetv2_b0", {"fp16": 1e-4, "bf16": 5e-3}),
+    # timm's own bf16 reaches KL 1.4e-3, trtmc's 1.5e-3.
+    "mixnet": PhotoCheck("mixnet_s", {"fp16": 1e-4, "bf16": 1e-2}),
+    # timm's own bf16 reaches KL 4.9e-3, trtmc's 1.5e-3.
+    "mnasnet": PhotoCheck("mnasnet_small", {"fp16": 1e-4, "bf16": 1e-2}),
+    # A deep ReLU net without SE and a 1984-wide head: timm's own model cast to bf16 reaches KL 0.26
+    # (fp16: 1.5e-3), trtmc's bf16 graph 0.18 (fp16: 5.2e-4), and both keep top-1 on every photo.
+    "fbnet": PhotoCheck("fbnetc_100", {"fp16": 5e-3, "bf16": 0.3}),
+    # lcnet_050's random features barely tell photos 4 and 6 from others (margins 1.8e-3 and 2.7e-3 of
+    # the largest logit): timm's own bf16 model flips both to the same classes trtmc's does, at KL
+    # 7.7e-4 against trtmc's 8.4e-4.
+    "lcnet": PhotoCheck("lcnet_050", {"fp16": 1e-4, "bf16": 5e-3}, near_ties=2),
+    # timm's own bf16 reaches KL 3.4e-3, trtmc's 1.3e-3.
+    "hardcorenas": PhotoCheck("hardcorenas_b", {"fp16": 1e-4, "bf16": 1e-2}),
+    "mobilenetv4": PhotoCheck("mobilenetv4_conv_small_050", {"fp16": 1e-5, "bf16": 1e-3}),
 }
 
 
@@ -118,4 +135,4 @@ def test_smallest_model_keeps_timms_top1_on_every_photo_in_fp16_and_bf16(family,
     report = check_parity(save_photo_calibrated_checkpoint(folder, tmp_path / "photo-calibrated"))
     record_property("parity", report)
     assert report["fp32_rel_err"] <= FP32_BOUND, report
-    assert_keeps_top1(report, check.max_kl)
+    assert_keeps_top1(report, check.max_kl, near_ties=check.near_ties)

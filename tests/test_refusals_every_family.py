@@ -26,6 +26,13 @@ MISSING_TENSOR = {
     "convnext": ("convnext_atto", "stages.2.blocks.3.norm.bias"),
     "vit": ("vit_tiny_patch16_224", "blocks.7.norm2.bias"),
     "efficientvit": ("efficientvit_b0", "stages.3.blocks.1.context_module.main.proj.norm.running_var"),
+    "efficientnetv2": ("tf_efficientnetv2_b0", "blocks.2.1.bn2.running_var"),
+    "mixnet": ("mixnet_s", "blocks.3.1.bn2.running_var"),
+    "mnasnet": ("mnasnet_small", "blocks.4.1.bn2.running_var"),
+    "fbnet": ("fbnetc_100", "blocks.3.2.bn3.running_var"),
+    "lcnet": ("lcnet_050", "blocks.4.2.bn2.running_var"),
+    "hardcorenas": ("hardcorenas_b", "blocks.3.2.bn2.running_var"),
+    "mobilenetv4": ("mobilenetv4_conv_small_050", "blocks.3.1.dw_mid.bn.running_var"),
 }
 
 

@@ -31,6 +31,13 @@ _MODULES = (
     "convnext",
     "vit",
     "efficientvit",
+    "efficientnetv2",
+    "mixnet",
+    "mnasnet",
+    "fbnet",
+    "lcnet",
+    "hardcorenas",
+    "mobilenetv4",
 )
 
 ArchT = TypeVar("ArchT")

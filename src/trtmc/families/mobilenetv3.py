@@ -1,7 +1,8 @@
 """MobileNetV3 (https://arxiv.org/abs/1905.02244): timm's EfficientNet blocks with hard-swish, ReLU in
-the early stages and hard-sigmoid squeeze-excite, then a pooled 1x1 `conv_head` without batch norm.
-It reads `conv_stem`/`bn1`, every `blocks.<stage>.<block>.{conv_dw,conv_pw,conv_pwl,conv,bn1..bn3,se.*}`,
-`conv_head.{weight,bias}` and `classifier`.
+the early stages and hard-sigmoid squeeze-excite, then a pooled 1x1 `conv_head`, the "efficient head"
+that timm's MobileNetV3 class also gives HardCoReNAS, LCNet and MobileNetV4, whose families share it.
+It reads `conv_stem`/`bn1`, every `blocks.<stage>.<block>` (efficientnet.py's blocks), `conv_head` with
+its bias or, where it has none, `norm_head`, and `classifier`.
 """
 
 from __future__ import annotations
@@ -12,13 +13,17 @@ from ..checkpoint import Checkpoint
 from ..graph import Activation
 from ..graph_builder import GraphBuilder, Tensor
 from . import Family, efficientnet
-from ._parts import conv, linear
+from ._parts import conv, conv_norm_act, linear
 from .efficientnet import TF_EPS, ArchConfig, Layout, decode_stages, emit_block, emit_stem
+
+# timm's MobileNetV3(head_norm=True) (MobileNetV4) follows conv_head with this batch norm and no bias;
+# otherwise conv_head has a bias and no norm.
+HEAD_NORM = "norm_head"
 
 
 def derive_layout(ckpt: Checkpoint, arch: ArchConfig) -> Layout:
-    # timm's MobileNetV3 head (head_norm=False): conv_head has a bias and no norm after it.
-    return efficientnet.derive_layout(ckpt, arch, head_norm=False)
+    head_norm = HEAD_NORM if f"{HEAD_NORM}.weight" in ckpt else None
+    return efficientnet.derive_layout(ckpt, arch, head_norm=head_norm)
 
 
 def emit(g: GraphBuilder, ckpt: Checkpoint, layout: Layout, arch: ArchConfig) -> Tensor:
@@ -27,8 +32,11 @@ def emit(g: GraphBuilder, ckpt: Checkpoint, layout: Layout, arch: ArchConfig) ->
         x = emit_block(g, x, ckpt, block, arch)
     # MobileNetV3 pools first and runs conv_head on the 1x1 map (timm's forward_head).
     x = g.global_avg_pool(x, "global_pool", keepdim=True)
-    x = conv(g, x, ckpt, "conv_head")
-    x = g.activation(x, arch.act, "act2")
+    if layout.head_norm is None:
+        x = conv(g, x, ckpt, "conv_head")
+        x = g.activation(x, arch.act, "act2")
+    else:
+        x = conv_norm_act(g, x, ckpt, "conv_head", layout.head_norm, arch.act, eps=arch.eps, tf_same=arch.tf_same)
     x = g.flatten(x, "flatten")
     return linear(g, x, ckpt, "classifier")
 
