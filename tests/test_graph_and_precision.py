@@ -8,7 +8,7 @@ from trtmc.backends.torch_lowering import LOWERINGS, TORCH_DTYPES, GraphModule
 from trtmc.graph import Activation, DType, Graph, GraphError, OpKind
 from trtmc.graph_builder import GraphBuilder
 from trtmc.passes.precision import PrecisionPolicy, UnmatchedOverride, assign_precision
-from trtmc.precision import COMPUTE_PRECISIONS, PRECISIONS, precision_of
+from trtmc.precision import COMPUTE_PRECISIONS, PRECISIONS, QUANTIZED_FORMATS, precision_of
 
 
 def small_net() -> Graph:
@@ -178,18 +178,21 @@ def test_every_compute_precision_reaches_the_convolutions_of_both_lowerings(name
         assert definition.precisions()["CONVOLUTION"] == {precision.dtype.value: 2}
 
 
-@pytest.mark.parametrize("option", ["--precision", "--io-dtype"])
-def test_the_cli_and_the_build_offer_the_compute_precisions_of_the_table(option, tmp_path):
+@pytest.mark.parametrize("option, offered, refused", [
+    ("--precision", COMPUTE_PRECISIONS + QUANTIZED_FORMATS, "fp4"),  # fp8/int8: quantized builds (test_build_quantized)
+    ("--io-dtype", COMPUTE_PRECISIONS, "int8"),
+])
+def test_the_cli_and_the_build_offer_the_precisions_of_the_table(option, offered, refused, tmp_path):
     from trtmc.build import BuildError, BuildRequest
 
     from conftest import LITE0_IN_REPO, run_cli
 
-    choices = ", ".join(repr(p) for p in COMPUTE_PRECISIONS)
-    result = run_cli("build", LITE0_IN_REPO, "-o", tmp_path / "x.bundle", option, "int8", check=False)
+    choices = ", ".join(repr(p) for p in offered)
+    result = run_cli("build", LITE0_IN_REPO, "-o", tmp_path / "x.bundle", option, refused, check=False)
     assert result.returncode == 2 and f"(choose from {choices})" in result.stderr
     field = option.removeprefix("--").replace("-", "_")
-    with pytest.raises(BuildError, match=", ".join(COMPUTE_PRECISIONS)):
-        BuildRequest(model=str(LITE0_IN_REPO), output=tmp_path / "x.bundle", **{field: "int8"}).validate()
+    with pytest.raises(BuildError, match=", ".join(offered)):
+        BuildRequest(model=str(LITE0_IN_REPO), output=tmp_path / "x.bundle", **{field: refused}).validate()
     assert all(not PRECISIONS[n].quantized for n in COMPUTE_PRECISIONS)
 
 

@@ -2,6 +2,13 @@
 
 `BuildRequest` is validated in full before any weight is read; the bundle is written atomically
 at the end, so a failed build leaves no output file.
+
+An fp8 or int8 build computes in fp16 with the quantize pass applied: the recipe is
+trtmc.quantization's for that format, the activation scales are calibrated on the request's images
+(a float32 run of the graph), and the manifest records both (`Quantization.to_json`). `build_bundle`
+makes one only for a family whose committed study decision says it pays
+(`families.quantized_build_refusal`); `trtmc study`, which makes those decisions, builds its variants
+through `prepare_graph` and `write_build` instead, calibrating once for all of them.
 """
 
 from __future__ import annotations
@@ -11,21 +18,34 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from types import MappingProxyType
+from typing import Callable, Mapping, Sequence
 
 from .backends import BACKENDS, DEFAULT_BACKEND, DEVICES, BuiltEngine, EngineEntry, EngineSpec, get_backend
 from .bundle import engine_member, weights_to_bytes, write_bundle
-from .checkpoint import open_checkpoint
-from .families import find_family, build_graph
-from .graph import DType
+from .checkpoint import Checkpoint, open_checkpoint
+from .families import STUDY_DECISIONS, StudyDecision, build_graph, find_family, quantized_build_refusal
+from .graph import DType, Graph
 from .passes.fold_batch_norm import fold_batch_norm
 from .passes.precision import PrecisionPolicy, assign_precision
-from .precision import COMPUTE_PRECISIONS, precision_named
+from .passes.quantize import quantize
+from .precision import COMPUTE_PRECISIONS, QUANTIZED_FORMATS, precision_named
 from .preprocess import PreprocessSpec
+from .quantization import FP8_RECIPE, INT8_RECIPE, QUANTIZABLE, CalibrationScales, QuantRecipe, calibrate_images
 
 log = logging.getLogger(__name__)
 
 TASK = "image_to_class_scores"
+BUILD_PRECISIONS = COMPUTE_PRECISIONS + QUANTIZED_FORMATS  # what --precision accepts
+# fp8 and int8 builds compute in this precision between their quantize and dequantize ops (the
+# recipe the GhostNet FP8 study measured: fp16 dequantize).
+QUANTIZED_COMPUTE = "fp16"
+RECIPES: Mapping[str, QuantRecipe] = MappingProxyType({"fp8": FP8_RECIPE, "int8": INT8_RECIPE})
+
+
+def computed_in(precision: str) -> str:
+    """What a build of `precision` computes in: itself, or fp16 around the quantized ops of fp8/int8."""
+    return QUANTIZED_COMPUTE if precision in QUANTIZED_FORMATS else precision
 
 
 class BuildError(ValueError):
@@ -47,10 +67,20 @@ class BuildRequest:
     timing_cache: Path | None = None
     fp32_layers: tuple[str, ...] = field(default=())  # node-name globs kept in fp32
     add_engines_from: Path | None = None  # a bundle of the same checkpoint whose engines join this one
+    calibration: tuple[Path, ...] = ()  # the images an fp8/int8 build calibrates its activation scales on
+
+    @property
+    def quantized(self) -> bool:
+        return self.precision in QUANTIZED_FORMATS
+
+    @property
+    def compute_precision(self) -> str:
+        return computed_in(self.precision)
 
     def validate(self) -> None:
-        if self.precision not in COMPUTE_PRECISIONS:
-            raise BuildError(f"--precision {self.precision!r}: choose {', '.join(COMPUTE_PRECISIONS)}")
+        if self.precision not in BUILD_PRECISIONS:
+            raise BuildError(f"--precision {self.precision!r}: choose {', '.join(BUILD_PRECISIONS)}")
+        self._validate_calibration()
         if self.io_dtype not in COMPUTE_PRECISIONS:
             raise BuildError(f"--io-dtype {self.io_dtype!r}: choose {', '.join(COMPUTE_PRECISIONS)}")
         if self.device not in DEVICES:
@@ -79,6 +109,16 @@ class BuildRequest:
             reason = get_backend(spec.backend).cannot_build_reason(spec.device)
             if reason:
                 raise BuildError(f"--backend {spec.backend} --device {spec.device}: {reason}")
+
+    def _validate_calibration(self) -> None:
+        if self.calibration and not self.quantized:
+            raise BuildError(
+                f"--calibration calibrates {' and '.join(QUANTIZED_FORMATS)} builds; --precision {self.precision} "
+                "does not use it: leave it out"
+            )
+        missing = [str(p) for p in self.calibration if not Path(p).is_file()]
+        if missing:
+            raise BuildError(f"--calibration: no such image file {missing[0]}")
 
     def engine_specs(self) -> list[EngineSpec]:
         """One spec per backend, for `device` where the backend builds for it, else for the one
@@ -112,7 +152,7 @@ def _borrow_engines(path: Path, members: dict[str, bytes], entries: list[EngineE
     if other.members["graph.json"] != members["graph.json"]:
         raise BuildError(
             f"--add-engines-from {path}: its graph differs from this build's (precision {other.manifest['precision']}, "
-            f"io {other.manifest['io_dtype']}); build both with the same --precision, --io-dtype and --fp32-layers"
+            f"io {other.manifest['io_dtype']}); build both with the same --precision, --io-dtype, --fp32-layers and --calibration images"
         )
     have = {e.key for e in entries}
     borrowed = [e for e in other.engines if e.key not in have]
@@ -126,23 +166,117 @@ def _default_progress(message: str) -> None:
     log.info("%s", message)
 
 
-def build_bundle(request: BuildRequest, progress: Callable[[str], None] = _default_progress) -> Path:
+@dataclass(frozen=True)
+class Quantization:
+    """What makes a build fp8 or int8: the recipe and the scales calibrated on the checkpoint's graph."""
+
+    recipe: QuantRecipe
+    scales: CalibrationScales
+
+    @property
+    def precision(self) -> str:
+        return self.recipe.format
+
+    def to_json(self, graph: Graph) -> dict:
+        """The manifest's `quantization` record for the quantized `graph` it was applied to."""
+        return {
+            "format": self.precision,
+            "compute_precision": QUANTIZED_COMPUTE,
+            "recipe": self.recipe.to_json(),
+            "calibration": self.scales.to_json(),
+            "quantized_ops": quantized_ops(graph),
+        }
+
+
+def quantized_ops(graph: Graph) -> list[str]:
+    """The convolutions and linear ops of a quantized `graph` that read a quantized weight (the pass
+    clears their `weight`), in graph order."""
+    return [n.name for n in graph.nodes if n.kind in QUANTIZABLE and n.attrs.weight is None]
+
+
+@dataclass(frozen=True)
+class PreparedGraph:
+    """A checkpoint's float32 graph with its batch norms folded: what every precision starts from."""
+
+    checkpoint: Checkpoint
+    family: str
+    graph: Graph
+    preprocess: PreprocessSpec
+
+
+def prepare_graph(checkpoint: Checkpoint, compute_precision: str) -> PreparedGraph:
+    """The family's graph of `checkpoint` (refused before any weight is read when the family does not
+    compute in `compute_precision`), batch norms folded."""
+    family, graph = build_graph(checkpoint, compute_precision)
+    preprocess = PreprocessSpec.from_pretrained(checkpoint.config.pretrained)
+    return PreparedGraph(checkpoint, family.name, fold_batch_norm(graph), preprocess)
+
+
+def calibrated(prepared: PreparedGraph, precision: str, images: Sequence[Path]) -> Quantization:
+    """`precision`'s recipe with scales calibrated on `images` (preprocessed by the bundle's contract)."""
+    return Quantization(RECIPES[precision], calibrate_images(prepared.graph, prepared.preprocess, images))
+
+
+def build_bundle(
+    request: BuildRequest,
+    progress: Callable[[str], None] = _default_progress,
+    *,
+    decisions: tuple[StudyDecision, ...] = STUDY_DECISIONS,
+) -> Path:
+    """Build and write the bundle `request` asks for; an fp8/int8 request only where `decisions` (the
+    committed study decisions) say that precision pays for the checkpoint's family."""
     request.validate()
     progress(f"opening {request.model}")
     checkpoint = open_checkpoint(request.model, request.revision)
     config = checkpoint.config
     family, _ = find_family(config.architecture)  # refuses unknown architectures before weights load
+    if request.quantized:
+        refusal = quantized_build_refusal(config.architecture, family.name, request.precision, decisions)
+        if refusal:
+            raise BuildError(refusal)
+        if not request.calibration:
+            raise BuildError(
+                f"--precision {request.precision} needs --calibration DIR: a folder of images like those the model "
+                "will see (a few hundred), to calibrate the activation scales on"
+            )
     total = len(checkpoint.names)
     progress(f"{config.architecture}: family {family.name}; reading {total} tensors")
     marks = {round(total * q) for q in (0.25, 0.5, 0.75)}
     checkpoint.on_read = lambda n: progress(f"read {n}/{total} tensors") if n in marks else None
-    _, graph = build_graph(checkpoint, request.precision)
+    prepared = prepare_graph(checkpoint, request.compute_precision)
+    quantization = None
+    if request.quantized:
+        progress(f"calibrating {request.precision} activation scales on {len(request.calibration)} images")
+        quantization = calibrated(prepared, request.precision, request.calibration)
+    return write_build(request, prepared, quantization, progress)
+
+
+def write_build(
+    request: BuildRequest,
+    prepared: PreparedGraph,
+    quantization: Quantization | None = None,
+    progress: Callable[[str], None] = _default_progress,
+) -> Path:
+    """Assign the request's precision to `prepared`'s graph (and quantize it: fp8/int8), build the
+    engines and write the bundle. No study decision is consulted: `build_bundle` does that."""
+    request.validate()
+    wanted = request.precision if request.quantized else None
+    given = quantization.precision if quantization is not None else None
+    if given != wanted:
+        raise BuildError(f"a {request.precision} build takes {wanted or 'no'} quantization, not {given or 'none'}")
     policy = PrecisionPolicy(
-        request.precision,
+        request.compute_precision,
         io_dtype=precision_named(request.io_dtype).dtype,
         overrides=tuple((pattern, DType.F32) for pattern in request.fp32_layers),
     )
-    typed = assign_precision(fold_batch_norm(graph), policy)
+    typed = assign_precision(prepared.graph, policy)
+    if quantization is not None:
+        typed = quantize(typed, quantization.recipe, quantization.scales)
+        if not quantized_ops(typed):
+            raise BuildError(
+                f"the {request.precision} recipe quantizes none of the convolution and linear ops of "
+                f"{prepared.checkpoint.config.architecture} (see `choose_layers`); build --precision {QUANTIZED_COMPUTE}"
+            )
     progress(f"graph: {len(typed.nodes)} ops, precision {request.precision}")
 
     engines: list[BuiltEngine] = []
@@ -152,10 +286,10 @@ def build_bundle(request: BuildRequest, progress: Callable[[str], None] = _defau
         engines.append(get_backend(spec.backend).build(typed, spec, progress))
         progress(f"{spec.key} built in {time.perf_counter() - started:.1f} s")
 
-    source = checkpoint.source
-    preprocess = PreprocessSpec.from_pretrained(config.pretrained)
+    config = prepared.checkpoint.config
+    source = prepared.checkpoint.source
     members: dict[str, bytes] = {
-        "runtime.json": json.dumps(preprocess.to_json(), indent=1).encode(),
+        "runtime.json": json.dumps(prepared.preprocess.to_json(), indent=1).encode(),
         "labels.json": json.dumps(
             {
                 "names": list(config.label_names),
@@ -174,7 +308,7 @@ def build_bundle(request: BuildRequest, progress: Callable[[str], None] = _defau
     if request.add_engines_from is not None:
         entries += _borrow_engines(Path(request.add_engines_from), members, entries, source.sha256)
     manifest = {
-        "family": family.name,
+        "family": prepared.family,
         "architecture": config.architecture,
         "task": TASK,
         "num_classes": config.num_classes,
@@ -185,5 +319,7 @@ def build_bundle(request: BuildRequest, progress: Callable[[str], None] = _defau
         "graph": {"ops": len(typed.nodes), "op_counts": typed.op_counts()},
         "engines": [entry.to_json() for entry in entries],
     }
+    if quantization is not None:
+        manifest["quantization"] = quantization.to_json(typed)
     progress(f"writing {request.output}")
     return write_bundle(Path(request.output), manifest, members)

@@ -4,19 +4,23 @@ Every check raises `MemberError` naming the member and the field; `bundle.read_b
 bundle's path and the fix. Checks run in the order a reader needs them: the manifest's member table
 (before any checksum is computed), then each member's shape, then the agreements between members
 (the graph's input size against runtime.json, its classes against the labels and the manifest, the
-precision and io dtype against the graph's dtypes, the engines against the member files).
+precision and io dtype against the graph's dtypes, the engines against the member files). An fp8 or
+int8 bundle's manifest records its `quantization` (format, compute precision, recipe, calibration
+scales, quantized ops); the graph must hold exactly those quantized ops, in that format, each reading
+its input at the scale the recorded calibration gives.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from .backends import EngineEntry
 from .checkpoint import CROP_MODES, INTERPOLATIONS
-from .graph import DType, Graph
-from .precision import COMPUTE_PRECISIONS, precision_named
+from .graph import DType, Graph, OpKind
+from .precision import COMPUTE_PRECISIONS, QUANTIZED_FORMATS, precision_named
 from .preprocess import PreprocessSpec
 from .schema import Fields, SchemaError
 
@@ -27,7 +31,9 @@ GRAPH = "graph.json"
 WEIGHTS = "weights.safetensors"
 REQUIRED = (RUNTIME, LABELS, GRAPH, WEIGHTS)
 ENGINES_FOLDER = "engines/"
-PRECISIONS = COMPUTE_PRECISIONS  # what the manifest's precision and io_dtype may name
+PRECISIONS = COMPUTE_PRECISIONS + QUANTIZED_FORMATS  # what the manifest's precision may name
+IO_DTYPES = COMPUTE_PRECISIONS  # and its io_dtype
+_QUANTIZABLE = (OpKind.CONV2D, OpKind.LINEAR)  # what a recipe quantizes (trtmc.quantization.QUANTIZABLE)
 
 
 class MemberError(SchemaError):
@@ -93,7 +99,7 @@ def _manifest(manifest: Mapping[str, Any]) -> tuple[EngineEntry, ...]:
     for name in ("id", "revision", "sha256"):
         source.text(name)
     fields.choice("precision", PRECISIONS)
-    fields.choice("io_dtype", PRECISIONS)
+    fields.choice("io_dtype", IO_DTYPES)
     fields.strings("fp32_layers")
     graph = fields.obj("graph", "an object {ops, op_counts}")
     graph.integer("ops", minimum=1)
@@ -203,17 +209,69 @@ def _check_graph_agreement(manifest: Mapping[str, Any], contents: Contents) -> N
 def _check_precision(manifest: Mapping[str, Any], graph: Graph, engines: tuple[EngineEntry, ...]) -> None:
     """An fp32 graph computes only in f32; a half-precision one in that half type, plus f32 where
     the policy keeps ops in fp32, and never in the other half type. (Only `--fp32-layers` can keep
-    every op of a half-precision build in f32.)"""
+    every op of a half-precision build in f32.) An fp8/int8 graph computes in its recorded compute
+    precision and holds tensors of its format, between quantize and dequantize ops."""
     precision = manifest["precision"]
-    compute = precision_named(precision).dtype
+    if precision in QUANTIZED_FORMATS:
+        compute = precision_named(_check_quantization(manifest, graph)).dtype
+        storage = {precision_named(precision, QUANTIZED_FORMATS).dtype}
+    elif "quantization" in manifest:
+        raise MemberError(MANIFEST, f"quantization is recorded, but precision {precision} is not a quantized format")
+    else:
+        compute, storage = precision_named(precision).dtype, set()
     found = {n.type.dtype for n in graph.nodes}
-    all_kept_in_fp32 = bool(manifest["fp32_layers"]) and found == {DType.F32}
-    if not found <= {compute, DType.F32} or (compute not in found and not all_kept_in_fp32):
+    all_kept_in_fp32 = bool(manifest["fp32_layers"]) and found - storage == {DType.F32}
+    if not found <= {compute, DType.F32} | storage or (compute not in found and not all_kept_in_fp32) or not storage <= found:
         have = ", ".join(sorted(d.value for d in found))
         raise MemberError(MANIFEST, f"precision {precision} disagrees with graph.json, whose ops compute in {have}")
     for i, entry in enumerate(engines):
         if entry.precision != precision:
             raise MemberError(MANIFEST, f"engines[{i}].precision {entry.precision} disagrees with the bundle's precision {precision}")
+
+
+def _check_quantization(manifest: Mapping[str, Any], graph: Graph) -> str:
+    """The `quantization` record of an fp8/int8 manifest, checked against the graph; its compute precision."""
+    record = _checked(MANIFEST, lambda: _quantization(manifest))
+    fmt = precision_named(manifest["precision"], QUANTIZED_FORMATS)
+    for node in graph.nodes:
+        if node.kind in (OpKind.QUANTIZE, OpKind.DEQUANTIZE) and node.attrs.format is not fmt.dtype:
+            raise MemberError(GRAPH, f"{node.kind.value} {node.name!r} stores {node.attrs.format.value}, not the bundle's {fmt.name}")
+    # A quantized convolution or linear op reads its input through a dequantize (passes/quantize.py).
+    ops = [n for n in graph.nodes if n.kind in _QUANTIZABLE and graph.node(n.inputs[0]).kind is OpKind.DEQUANTIZE]
+    if tuple(n.name for n in ops) != record.quantized_ops:
+        raise MemberError(MANIFEST, f"quantization.quantized_ops does not list the {len(ops)} quantized ops of graph.json")
+    for op in ops:
+        stored = float(graph.weights[graph.node(op.inputs[0]).attrs.scale].reshape(-1)[0])
+        recorded = record.input_amax[op.name] / fmt.largest if op.name in record.input_amax else None
+        if recorded is None or not math.isclose(stored, recorded, rel_tol=1e-6):
+            raise MemberError(
+                MANIFEST,
+                f"quantization.calibration gives {op.name!r} the input scale {recorded}, but graph.json holds {stored}: "
+                "the recorded calibration is not the one the graph was quantized with",
+            )
+    return record.compute_precision
+
+
+@dataclass(frozen=True)
+class _Quantization:
+    compute_precision: str
+    input_amax: Mapping[str, float]  # the calibration: max |x| at each op's input
+    quantized_ops: tuple[str, ...]
+
+
+def _quantization(manifest: Mapping[str, Any]) -> _Quantization:
+    """The fields the reader checks. (trtmc.quantization parses recipes and scales in full, but it
+    reaches the task's image loader, which imports the runtime, which imports this module.)"""
+    fields = Fields.of(manifest).obj("quantization", "an object {format, compute_precision, recipe, calibration, quantized_ops}")
+    fmt = fields.choice("format", QUANTIZED_FORMATS)
+    if fmt != manifest["precision"]:
+        raise fields.wrong("format", f"the bundle's precision {manifest['precision']!r}")
+    compute = fields.choice("compute_precision", COMPUTE_PRECISIONS)
+    recipe = fields.obj("recipe", "an object (trtmc.quantization.QuantRecipe)")
+    if recipe.value("format") != fmt:
+        raise fields.wrong("recipe", f"a recipe for {fmt}")
+    amax = fields.obj("calibration", "an object (trtmc.quantization.CalibrationScales)").obj("input_amax")
+    return _Quantization(compute, {op: amax.number(op) for op in amax.data}, fields.strings("quantized_ops"))
 
 
 def _check_engine_files(engines: tuple[EngineEntry, ...], members: Mapping[str, bytes]) -> None:

@@ -1,5 +1,5 @@
-"""The `trtmc` command: one module per subcommand (build, classify, inspect and families, decode),
-plus `bench` from trtmc.bench.cli. Importing it loads neither torch nor TensorRT: `trtmc --help`
+"""The `trtmc` command: one module per subcommand (build, classify, inspect and families, decode,
+study), plus `bench` from trtmc.bench.cli. Importing it loads neither torch nor TensorRT: `trtmc --help`
 stays fast, and each command imports what it needs when it runs."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import logging
 import sys
 
 from ..bench.cli import add_bench
-from . import build, classify, decode, inspect
+from . import build, classify, decode, inspect, study
 
 DESCRIPTION = """\
 trtmc turns a timm image classifier (a Hugging Face id such as timm/ghostnet_100.in1k, or a local
@@ -33,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_families(sub)
     decode.add(sub)
     add_bench(sub)
+    study.add(sub)
     for command in sub.choices.values():
         # `trtmc classify -v ...` as well as `trtmc -v classify ...`; SUPPRESS keeps the top-level value
         # when the flag is not repeated after the command.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..precision import COMPUTE_PRECISIONS
+from ..precision import COMPUTE_PRECISIONS, QUANTIZED_FORMATS
 from ..progress import Progress
 
 
@@ -37,8 +37,12 @@ def add(sub) -> None:
     )
     p.add_argument("model", help="Hugging Face id (owner/name) or a local folder with config.json + model.safetensors")
     p.add_argument("-o", "--output", required=True, type=Path, help="bundle file to write (written atomically)")
-    p.add_argument("--precision", default="fp32", choices=COMPUTE_PRECISIONS,
-                   help="compute precision of every op, convolutions included (default fp32)")
+    p.add_argument("--precision", default="fp32", choices=COMPUTE_PRECISIONS + QUANTIZED_FORMATS,
+                   help="compute precision of every op, convolutions included (default fp32); fp8 and int8 "
+                        "compute in fp16 with the quantized convolutions and linear ops of the family's "
+                        "recipe, only for families whose `trtmc study` decided it pays")
+    p.add_argument("--calibration", type=Path, metavar="DIR",
+                   help="images to calibrate fp8/int8 activation scales on (a folder, searched recursively)")
     p.add_argument("--device", default="cpu", choices=DEVICES,
                    help="device the engines are built for, where the backend builds for it (a TensorRT plan "
                         "always targets cuda); default cpu")
@@ -66,6 +70,11 @@ def run(args) -> int:
     from ..backends import DEFAULT_BACKEND
     from ..build import BuildRequest, build_bundle
 
+    calibration: tuple[Path, ...] = ()
+    if args.calibration is not None:
+        from ..pipeline import expand_images
+
+        calibration = tuple(expand_images([args.calibration]))
     request = BuildRequest(
         model=args.model,
         output=args.output,
@@ -80,6 +89,7 @@ def run(args) -> int:
         timing_cache=args.timing_cache,
         fp32_layers=tuple(args.fp32_layers),
         add_engines_from=args.add_engines_from,
+        calibration=calibration,
     )
     path = build_bundle(request, Progress(args.quiet))
     print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)")

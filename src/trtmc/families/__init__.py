@@ -5,6 +5,11 @@ serves (timm name -> the family's frozen ArchConfig), `derive_layout(checkpoint,
 reads names and shapes only, and `emit(g, checkpoint, layout, arch) -> Tensor`, which writes the graph
 and returns the logits. `Family.build` runs the two; unsupported requests fail before any weight is read.
 Adding a family is its module plus one line in `_MODULES`.
+
+Quantized builds (fp8, int8) are allowed per family by `STUDY_DECISIONS`: one row per family and
+quantized precision, copied from a `trtmc study` report committed under benchmarks/studies/ (a GPU
+run); `quantized_build_refusal` says why a build is refused, pointing to the report or to the
+command that makes one.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from typing import Callable, Generic, Mapping, Protocol, TypeVar
 from ..checkpoint import Checkpoint
 from ..graph import Graph
 from ..graph_builder import GraphBuilder, Tensor
-from ..precision import COMPUTE_PRECISIONS
+from ..precision import COMPUTE_PRECISIONS, QUANTIZED_FORMATS
 
 PRECISIONS = COMPUTE_PRECISIONS
 
@@ -118,3 +123,43 @@ def build_graph(checkpoint: Checkpoint, precision: str = "fp32") -> tuple[Regist
             f"{', '.join(family.precisions)}, not {precision!r}"
         )
     return family, family.build(checkpoint)
+
+
+@dataclass(frozen=True)
+class StudyDecision:
+    """What a committed `trtmc study` decided for one family and quantized precision."""
+
+    family: str  # a family name (`trtmc families`)
+    precision: str  # a quantized format: fp8 or int8
+    ships: bool  # faster than fp16 at the batch sizes users run, with >= 99% top-1 agreement
+    report: str  # the report in the repository, e.g. benchmarks/studies/ghostnet_100/study.md
+    summary: str  # the decision in one line, as the report gives it
+
+    def __post_init__(self) -> None:
+        if self.precision not in QUANTIZED_FORMATS:
+            raise ValueError(f"a study decides on {' or '.join(QUANTIZED_FORMATS)}, not {self.precision!r}")
+
+
+# Filled from the committed GPU study reports; no study has run on a GPU yet, so every family refuses
+# fp8 and int8 builds.
+STUDY_DECISIONS: tuple[StudyDecision, ...] = ()
+
+
+def quantized_build_refusal(
+    architecture: str, family: str, precision: str, decisions: tuple[StudyDecision, ...] = STUDY_DECISIONS
+) -> str | None:
+    """Why `trtmc build --precision fp8|int8` is refused for `family`, or None when its study says it pays."""
+    decision = next((d for d in decisions if (d.family, d.precision) == (family, precision)), None)
+    if decision is None:
+        return (
+            f"--precision {precision}: no `trtmc study` has decided yet whether {precision} pays for the {family} "
+            f"family ({architecture}), so it is not built; run one on the GPU, e.g. `trtmc study MODEL --precision "
+            f"fp16 --precision {precision} --calibration DIR --holdout DIR --device cuda --out DIR`, and commit its "
+            "report and decision (trtmc.families.STUDY_DECISIONS)"
+        )
+    if not decision.ships:
+        return (
+            f"--precision {precision}: the study of the {family} family decided that {precision} does not pay "
+            f"({decision.summary}); see {decision.report}, or build --precision fp16"
+        )
+    return None
