@@ -116,6 +116,8 @@ def test_quantized_bundle_records_its_recipe_calibration_and_quantized_ops(quant
     formats = {n.attrs.format for n in graph.nodes if n.kind in (OpKind.QUANTIZE, OpKind.DEQUANTIZE)}
     assert formats == {PRECISIONS[precision].dtype}
     assert [e.key for e in bundle.engines] == [f"reference-cpu-{precision}"]
+    shown = run_cli("inspect", path).stdout
+    assert f"quantized   32 ops in {precision} (the rest in fp16), scales calibrated on {len(CALIBRATION)} images" in shown
 
 
 def test_quantized_bundle_runs_the_quantize_pass_graph_calibrated_on_its_images(quantized_bundle):

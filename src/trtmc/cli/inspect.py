@@ -32,6 +32,11 @@ def run(args) -> int:
     print(f"model       {m['architecture']} (family {m['family']}), task {m['task']}, {m['num_classes']} classes")
     print(f"source      {src['id']} @ {src['revision']}  sha256 {src['sha256'][:16]}…")
     print(f"precision   {m['precision']} (io {m['io_dtype']})" + (f", fp32 layers {m['fp32_layers']}" if m.get("fp32_layers") else ""))
+    if "quantization" in m:
+        q = m["quantization"]
+        images = len(q["calibration"].get("images", []))
+        print(f"quantized   {len(q['quantized_ops'])} ops in {q['format']} (the rest in {q['compute_precision']}), "
+              f"scales calibrated on {images} images")
     pre = bundle.preprocess
     print(f"preprocess  resize {pre.interpolation} crop_pct {pre.crop_pct} ({pre.crop_mode}) to {pre.input_size[0]}x{pre.input_size[1]}, "
           f"mean {list(pre.mean)} std {list(pre.std)}")
