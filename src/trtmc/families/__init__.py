@@ -31,6 +31,7 @@ _MODULES = (
     "convnext",
     "vit",
     "efficientvit",
+    "res2net",
 )
 
 ArchT = TypeVar("ArchT")
