@@ -32,6 +32,7 @@ _MODULES = (
     "vit",
     "efficientvit",
     "res2net",
+    "skresnet",
 )
 
 ArchT = TypeVar("ArchT")

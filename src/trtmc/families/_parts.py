@@ -1,4 +1,5 @@
-"""What several families emit alike: padding math, batch-norm reduction, conv-norm-act, SE, linear, norms.
+"""What several families emit alike: padding math, batch-norm reduction, conv-norm-act, SE, softmax
+attention over branches, linear, norms.
 
 Each helper reads its tensors by timm module path from the checkpoint and names its nodes after
 that path, so graphs map back to the checkpoint. Reading a layout is `_layout.py`'s job.
@@ -12,7 +13,7 @@ from typing import Sequence
 import numpy as np
 
 from ..checkpoint import Checkpoint, CheckpointError
-from ..graph import Activation, PoolMode
+from ..graph import Activation, PoolMode, Reduction
 from ..graph_builder import GraphBuilder, Tensor
 
 
@@ -124,6 +125,26 @@ def squeeze_excite(
     s = conv(g, s, ckpt, f"{prefix}.{expand}")
     s = g.activation(s, gate, f"{prefix}.gate")
     return g.mul(x, s, f"{prefix}.mul")
+
+
+def softmax_over_branches(
+    g: GraphBuilder, stacked: Tensor, logits: Tensor, branches: int, *, groups: int, source: str
+) -> Tensor:
+    """sum_r stacked_r * softmax_r(logits): the attention-weighted sum of `branches` maps of C channels
+    stacked branch after branch ([1, branches * C, H, W]). `logits` ([1, branches * C, 1, 1]) is laid
+    out as timm's RadixSoftmax reads it, `groups` runs of (branch, C / groups); SKNet's has one group."""
+    _, stacked_channels, height, width = stacked.shape
+    channels = stacked_channels // branches
+    if groups == 1:
+        weights = g.reshape(logits, (branches, channels), f"{source}.attn_split")
+    else:
+        weights = g.reshape(logits, (groups, branches, channels // groups), f"{source}.attn_split")
+        weights = g.transpose(weights, (0, 2, 1, 3), f"{source}.attn_branch_first")
+    weights = g.softmax(weights, 1, f"{source}.softmax")
+    weighted = g.mul(stacked, g.reshape(weights, (stacked_channels, 1, 1), f"{source}.attn_merge"), f"{source}.weigh")
+    weighted = g.reshape(weighted, (branches, channels, height * width), f"{source}.branches")
+    summed = g.reduce(weighted, f"{source}.sum", Reduction.SUM, (1,), keepdim=False)
+    return g.reshape(summed, (channels, height, width), f"{source}.merge")
 
 
 def max_pool(g: GraphBuilder, x: Tensor, source: str, kernel: int, stride: int, padding: int) -> Tensor:
