@@ -33,6 +33,7 @@ _MODULES = (
     "efficientvit",
     "res2net",
     "skresnet",
+    "resnest",
 )
 
 ArchT = TypeVar("ArchT")
