@@ -26,6 +26,7 @@ MISSING_TENSOR = {
     "convnext": ("convnext_atto", "stages.2.blocks.3.norm.bias"),
     "vit": ("vit_tiny_patch16_224", "blocks.7.norm2.bias"),
     "efficientvit": ("efficientvit_b0", "stages.3.blocks.1.context_module.main.proj.norm.running_var"),
+    "resnetv2": ("resnetv2_18", "stages.2.blocks.1.norm2.running_var"),
     "res2net": ("res2next50", "layer3.2.bns.1.running_var"),
     "skresnet": ("skresnet18", "layer3.1.conv1.paths.1.bn.running_var"),
     "resnest": ("resnest14d", "layer3.0.conv2.bn1.running_var"),

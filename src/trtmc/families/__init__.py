@@ -31,6 +31,7 @@ _MODULES = (
     "convnext",
     "vit",
     "efficientvit",
+    "resnetv2",
     "res2net",
     "skresnet",
     "resnest",

@@ -1,5 +1,5 @@
-"""What several families emit alike: padding math, batch-norm reduction, conv-norm-act, SE, softmax
-attention over branches, linear, norms.
+"""What several families emit alike: padding math, batch-norm reduction, weight standardization,
+conv-norm-act, SE, softmax attention over branches, linear, norms.
 
 Each helper reads its tensors by timm module path from the checkpoint and names its nodes after
 that path, so graphs map back to the checkpoint. Reading a layout is `_layout.py`'s job.
@@ -50,6 +50,15 @@ def fold_norm(ckpt: Checkpoint, prefix: str, eps: float) -> tuple[np.ndarray, np
     return scale.astype(np.float32), shift.astype(np.float32)
 
 
+def standardize_weight(weight: np.ndarray, eps: float) -> np.ndarray:
+    """A convolution weight standardized per output channel, (w - mean) / sqrt(var + eps) over its
+    inputs and kernel with the biased variance: what timm's StdConv2d and ScaledStdConv2d compute from
+    the stored weight on every forward (https://arxiv.org/abs/1903.10520), computed once in float64."""
+    w = weight.astype(np.float64).reshape(weight.shape[0], -1)
+    w = (w - w.mean(1, keepdims=True)) / np.sqrt(w.var(1, keepdims=True) + eps)
+    return w.reshape(weight.shape).astype(np.float32)
+
+
 def batch_norm(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str, eps: float) -> Tensor:
     scale, shift = fold_norm(ckpt, prefix, eps)
     return g.scale(x, prefix, scale, shift)
@@ -69,13 +78,15 @@ def conv(
     tf_same: bool = False,
     dilation: int = 1,
     padding: Sequence[int] | None = None,
+    weight: np.ndarray | None = None,
 ) -> Tensor:
-    """The convolution stored at `prefix.weight` (and `prefix.bias` if present).
+    """The convolution stored at `prefix.weight` (and `prefix.bias` if present); `weight` replaces the
+    stored one where a family re-parameterises it at build time (weight standardization).
 
     Groups follow from the weight shape and the input width: depthwise and grouped convolutions
     need no table.
     """
-    weight = ckpt.tensor(f"{prefix}.weight")
+    weight = ckpt.tensor(f"{prefix}.weight") if weight is None else weight
     in_per_group = weight.shape[1]
     if x.channels % in_per_group:
         raise CheckpointError(
