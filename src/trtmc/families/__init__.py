@@ -35,6 +35,7 @@ _MODULES = (
     "res2net",
     "skresnet",
     "resnest",
+    "nfnet",
 )
 
 ArchT = TypeVar("ArchT")
