@@ -29,6 +29,18 @@ STAGE_STRIDES = (1, 2, 2, 2)
 SHORTCUT_POOL = 2
 
 BlockT = TypeVar("BlockT")
+ConfigT = TypeVar("ConfigT", bound="TrunkConfig")
+
+
+@dataclass(frozen=True)
+class TrunkConfig:
+    """What the tensors of timm's ResNet class do not say, whatever its block; a family with more to
+    say extends it."""
+
+    # Every norm is an nn.BatchNorm2d with PyTorch's default eps (the blocks' own norms too).
+    eps: float = 1e-5
+    act: Activation = Activation.RELU
+    stage_strides: tuple[int, ...] = STAGE_STRIDES
 
 
 @dataclass(frozen=True)
@@ -155,9 +167,7 @@ def emit_residual(
     prefix: str,
     shortcut: Shortcut | None,
     stride: int,
-    *,
-    eps: float,
-    act: Activation,
+    arch: TrunkConfig,
     act_source: str,
 ) -> Tensor:
     """act(y + shortcut(x)): a block's output `y` joined with the skip path from its input `x`."""
@@ -165,25 +175,21 @@ def emit_residual(
         if shortcut.pool is not None:
             x = shortcut_pool(g, x, shortcut.pool, stride)
         x = conv(g, x, ckpt, shortcut.conv, stride=1 if shortcut.pool is not None else stride)
-        x = batch_norm(g, x, ckpt, shortcut.norm, eps)
-    return g.activation(g.add(y, x, prefix), act, act_source)
+        x = batch_norm(g, x, ckpt, shortcut.norm, arch.eps)
+    return g.activation(g.add(y, x, prefix), arch.act, act_source)
 
 
-def emit_trunk(
-    g: GraphBuilder,
-    ckpt: Checkpoint,
-    layout: Layout,
-    *,
-    eps: float,
-    act: Activation,
-    block: Callable[[Tensor, BlockT], Tensor],
-) -> Tensor:
-    """The stem, each block through `block(x, spec)`, the global pool and `fc`: the logits."""
+# A family's block emitter: (builder, its input, checkpoint, its spec, the config) -> its output.
+BlockEmitter = Callable[[GraphBuilder, Tensor, Checkpoint, BlockT, ConfigT], Tensor]
+
+
+def emit_trunk(g: GraphBuilder, ckpt: Checkpoint, layout: Layout, arch: ConfigT, block: BlockEmitter) -> Tensor:
+    """The stem, each block through `block`, the global pool and `fc`: the logits."""
     x = image_input(g, ckpt)
     for s in layout.stem:
         x = conv(g, x, ckpt, s.conv, stride=s.stride)
-        x = g.activation(batch_norm(g, x, ckpt, s.norm, eps), act, s.act)
+        x = g.activation(batch_norm(g, x, ckpt, s.norm, arch.eps), arch.act, s.act)
     x = max_pool(g, x, "maxpool", *STEM_POOL)
     for spec in layout.blocks:
-        x = block(x, spec)
+        x = block(g, x, ckpt, spec, arch)
     return linear(g, g.global_avg_pool(x, "global_pool"), ckpt, "fc")

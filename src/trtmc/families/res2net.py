@@ -10,12 +10,12 @@ import re
 from dataclasses import dataclass
 
 from ..checkpoint import Checkpoint, CheckpointError
-from ..graph import Activation, PoolMode
+from ..graph import PoolMode
 from ..graph_builder import GraphBuilder, Tensor
 from . import Family
 from ._layout import LayoutReader, indexed_blocks
 from ._parts import batch_norm, conv
-from ._resnet_trunk import STAGE_STRIDES, FeatureMap, Layout, Shortcut, derive_shortcut, derive_trunk, emit_residual, emit_trunk
+from ._resnet_trunk import FeatureMap, Layout, Shortcut, TrunkConfig, derive_shortcut, derive_trunk, emit_residual, emit_trunk
 
 # Bottle2neck pools the last split of a block that strides or projects: nn.AvgPool2d(3, stride,
 # padding=1), counting the padding (timm keeps the original weights' pooling, see its FIXME).
@@ -23,14 +23,8 @@ SPLIT_POOL_KERNEL = 3
 SPLIT_POOL_PADDING = 1
 
 
-@dataclass(frozen=True)
-class ArchConfig:
-    """What the tensors of a timm Res2Net do not say."""
-
-    # timm builds Res2Net with its ResNet class: nn.BatchNorm2d with torch's eps, ReLU everywhere.
-    eps: float = 1e-5
-    act: Activation = Activation.RELU
-    stage_strides: tuple[int, ...] = STAGE_STRIDES
+# timm builds Res2Net with its ResNet class: what the tensors do not say is the trunk's.
+ArchConfig = TrunkConfig
 
 
 @dataclass(frozen=True)
@@ -89,11 +83,11 @@ def _emit_block(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, b: BlockSpec, arch
         outs.append(last)
     y = g.concat(outs, 1, f"{p}.cat") if len(outs) > 1 else outs[0]
     y = batch_norm(g, conv(g, y, ckpt, f"{p}.conv3"), ckpt, f"{p}.bn3", arch.eps)
-    return emit_residual(g, y, x, ckpt, p, b.shortcut, b.stride, eps=arch.eps, act=arch.act, act_source=f"{p}.relu")
+    return emit_residual(g, y, x, ckpt, p, b.shortcut, b.stride, arch, f"{p}.relu")
 
 
 def emit(g: GraphBuilder, ckpt: Checkpoint, layout: Layout[BlockSpec], arch: ArchConfig) -> Tensor:
-    return emit_trunk(g, ckpt, layout, eps=arch.eps, act=arch.act, block=lambda x, b: _emit_block(g, x, ckpt, b, arch))
+    return emit_trunk(g, ckpt, layout, arch, _emit_block)
 
 
 # Width, scales, cardinality, the deep stem and the pooled shortcut of res2net50d are all in the tensors.

@@ -9,30 +9,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..checkpoint import Checkpoint, CheckpointError
-from ..graph import Activation, PoolMode, Reduction
+from ..graph import PoolMode, Reduction
 from ..graph_builder import GraphBuilder, Tensor
 from . import Family, UnsupportedModel
 from ._layout import LayoutReader
 from ._parts import batch_norm, conv, conv_norm_act, softmax_over_branches
-from ._resnet_trunk import STAGE_STRIDES, FeatureMap, Layout, Shortcut, derive_shortcut, derive_trunk, emit_residual, emit_trunk
+from ._resnet_trunk import FeatureMap, Layout, Shortcut, TrunkConfig, derive_shortcut, derive_trunk, emit_residual, emit_trunk
 
 # ResNestBottleneck's "avd" pool: nn.AvgPool2d(3, stride, padding=1), counting the padding.
 AVD_POOL_KERNEL = 3
 AVD_POOL_PADDING = 1
 
 
-@dataclass(frozen=True)
-class ArchConfig:
-    """What the tensors of a timm ResNeSt do not say."""
+@dataclass(frozen=True, kw_only=True)
+class ArchConfig(TrunkConfig):
+    """What the tensors of a timm ResNeSt do not say: the trunk's facts (its ResNet class also builds
+    the split attention's norms and ReLUs), and where a strided block pools."""
 
     # avd: a strided block moves its stride from the split-attention 3x3 to a 3x3 average pool, which
     # holds no tensors; avd_first puts that pool before the 3x3 instead of after it.
     avd: bool = True
     avd_first: bool = False
-    # timm's ResNet class: nn.BatchNorm2d with torch's eps (split attention's norms too), ReLU everywhere.
-    eps: float = 1e-5
-    act: Activation = Activation.RELU
-    stage_strides: tuple[int, ...] = STAGE_STRIDES
 
 
 @dataclass(frozen=True)
@@ -92,11 +89,11 @@ def _emit_block(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, b: BlockSpec, arch
     if pooled and not arch.avd_first:
         y = g.pool2d(y, f"{p}.avd_last", PoolMode.AVG, AVD_POOL_KERNEL, b.stride, AVD_POOL_PADDING)
     y = batch_norm(g, conv(g, y, ckpt, f"{p}.conv3"), ckpt, f"{p}.bn3", arch.eps)
-    return emit_residual(g, y, x, ckpt, p, b.shortcut, b.stride, eps=arch.eps, act=arch.act, act_source=f"{p}.act3")
+    return emit_residual(g, y, x, ckpt, p, b.shortcut, b.stride, arch, f"{p}.act3")
 
 
 def emit(g: GraphBuilder, ckpt: Checkpoint, layout: Layout[BlockSpec], arch: ArchConfig) -> Tensor:
-    return emit_trunk(g, ckpt, layout, eps=arch.eps, act=arch.act, block=lambda x, b: _emit_block(g, x, ckpt, b, arch))
+    return emit_trunk(g, ckpt, layout, arch, _emit_block)
 
 
 # block_args=dict(radix=2, avd=True, avd_first=False) for all three; depths and widths are in the tensors.

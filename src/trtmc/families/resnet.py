@@ -14,26 +14,11 @@ from ..graph_builder import GraphBuilder, Tensor
 from . import Family
 from ._layout import LayoutReader
 from ._parts import batch_norm, conv, squeeze_excite
-from ._resnet_trunk import (
-    STAGE_STRIDES,
-    FeatureMap,
-    Shortcut,
-    derive_shortcut,
-    derive_trunk,
-    emit_residual,
-    emit_trunk,
-)
+from ._resnet_trunk import FeatureMap, Shortcut, TrunkConfig, derive_shortcut, derive_trunk, emit_residual, emit_trunk
 from ._resnet_trunk import Layout as Trunk
 
-
-@dataclass(frozen=True)
-class ArchConfig:
-    """What the tensors of a timm ResNet do not say."""
-
-    # timm's ResNet builds every norm as nn.BatchNorm2d with PyTorch's default eps.
-    eps: float = 1e-5
-    act: Activation = Activation.RELU
-    stage_strides: tuple[int, ...] = STAGE_STRIDES
+# What the tensors of a timm ResNet do not say is what they do not say of any block in its trunk.
+ArchConfig = TrunkConfig
 
 
 @dataclass(frozen=True)
@@ -82,11 +67,11 @@ def _emit_block(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, b: BlockSpec, arch
             y = g.activation(y, arch.act, f"{p}.act{i}")
     if b.se:
         y = squeeze_excite(g, y, ckpt, f"{p}.se", inner=arch.act, gate=Activation.SIGMOID, reduce="fc1", expand="fc2")
-    return emit_residual(g, y, x, ckpt, p, b.shortcut, b.stride, eps=arch.eps, act=arch.act, act_source=f"{p}.act{b.convs}")
+    return emit_residual(g, y, x, ckpt, p, b.shortcut, b.stride, arch, f"{p}.act{b.convs}")
 
 
 def emit(g: GraphBuilder, ckpt: Checkpoint, layout: Layout, arch: ArchConfig) -> Tensor:
-    return emit_trunk(g, ckpt, layout, eps=arch.eps, act=arch.act, block=lambda x, b: _emit_block(g, x, ckpt, b, arch))
+    return emit_trunk(g, ckpt, layout, arch, _emit_block)
 
 
 # Every variant here shares timm's defaults; what differs between them is in the tensors.

@@ -10,17 +10,17 @@ import re
 from dataclasses import dataclass
 
 from ..checkpoint import Checkpoint, CheckpointError
-from ..graph import Activation
 from ..graph_builder import GraphBuilder, Tensor
 from . import Family
 from ._layout import LayoutReader, indexed_blocks
 from ._parts import act, batch_norm, conv, conv_norm_act, softmax_over_branches
-from ._resnet_trunk import STAGE_STRIDES, FeatureMap, Layout, Shortcut, derive_shortcut, derive_trunk, emit_residual, emit_trunk
+from ._resnet_trunk import FeatureMap, Layout, Shortcut, TrunkConfig, derive_shortcut, derive_trunk, emit_residual, emit_trunk
 
 
-@dataclass(frozen=True)
-class ArchConfig:
-    """What the tensors of a timm SKNet do not say."""
+@dataclass(frozen=True, kw_only=True)
+class ArchConfig(TrunkConfig):
+    """What the tensors of a timm SKNet do not say: the trunk's facts (its ResNet class also builds the
+    attention's norm and ReLU), and the selective kernel's."""
 
     # Which half of the block's input each path reads: skresnet18/34 split the input channels between
     # the paths, skresnext50 feeds every path all of them. A split path with g groups and an unsplit one
@@ -29,10 +29,6 @@ class ArchConfig:
     # SelectiveKernel's default kernel_size=[3, 5] with keep_3x3: every path is a 3x3, the second
     # dilated by 2 to see as far as a 5x5; the weights are 3x3 either way.
     path_dilations: tuple[int, ...] = (1, 2)
-    # timm's ResNet class: nn.BatchNorm2d with torch's eps, ReLU everywhere, attention included.
-    eps: float = 1e-5
-    act: Activation = Activation.RELU
-    stage_strides: tuple[int, ...] = STAGE_STRIDES
 
 
 @dataclass(frozen=True)
@@ -112,11 +108,11 @@ def _emit_block(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, b: BlockSpec, arch
         y = conv_norm_act(g, y, ckpt, f"{b.before}.conv", f"{b.before}.bn", arch.act, eps=arch.eps)
     y = _emit_selective_kernel(g, y, ckpt, b.sk, arch)
     y = conv_norm_act(g, y, ckpt, f"{b.after}.conv", f"{b.after}.bn", None, eps=arch.eps)
-    return emit_residual(g, y, x, ckpt, b.prefix, b.shortcut, b.stride, eps=arch.eps, act=arch.act, act_source=f"{b.prefix}.act")
+    return emit_residual(g, y, x, ckpt, b.prefix, b.shortcut, b.stride, arch, f"{b.prefix}.act")
 
 
 def emit(g: GraphBuilder, ckpt: Checkpoint, layout: Layout[BlockSpec], arch: ArchConfig) -> Tensor:
-    return emit_trunk(g, ckpt, layout, eps=arch.eps, act=arch.act, block=lambda x, b: _emit_block(g, x, ckpt, b, arch))
+    return emit_trunk(g, ckpt, layout, arch, _emit_block)
 
 
 FAMILY = Family(
