@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import partial
 
 from ..checkpoint import Checkpoint, CheckpointError
 from ..graph import PoolMode
@@ -86,8 +87,8 @@ def _emit_block(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, b: BlockSpec, arch
     return emit_residual(g, y, x, ckpt, p, b.shortcut, b.stride, arch, f"{p}.relu")
 
 
-def emit(g: GraphBuilder, ckpt: Checkpoint, layout: Layout[BlockSpec], arch: ArchConfig) -> Tensor:
-    return emit_trunk(g, ckpt, layout, arch, _emit_block)
+# The trunk around this family's block: emit(g, checkpoint, layout, arch) -> the logits.
+emit = partial(emit_trunk, block=_emit_block)
 
 
 # Width, scales, cardinality, the deep stem and the pooled shortcut of res2net50d are all in the tensors.

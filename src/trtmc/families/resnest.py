@@ -7,6 +7,7 @@ attention `conv2.{conv,bn0,fc1,bn1,fc2}` and `conv3`/`bn3`; radix and cardinalit
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 from ..checkpoint import Checkpoint, CheckpointError
 from ..graph import PoolMode, Reduction
@@ -92,8 +93,8 @@ def _emit_block(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, b: BlockSpec, arch
     return emit_residual(g, y, x, ckpt, p, b.shortcut, b.stride, arch, f"{p}.act3")
 
 
-def emit(g: GraphBuilder, ckpt: Checkpoint, layout: Layout[BlockSpec], arch: ArchConfig) -> Tensor:
-    return emit_trunk(g, ckpt, layout, arch, _emit_block)
+# The trunk around this family's block: emit(g, checkpoint, layout, arch) -> the logits.
+emit = partial(emit_trunk, block=_emit_block)
 
 
 # block_args=dict(radix=2, avd=True, avd_first=False) for all three; depths and widths are in the tensors.

@@ -7,6 +7,7 @@ shortcuts and classifier around them are the trunk `_resnet_trunk` reads for eve
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 from ..checkpoint import Checkpoint
 from ..graph import Activation
@@ -70,8 +71,8 @@ def _emit_block(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, b: BlockSpec, arch
     return emit_residual(g, y, x, ckpt, p, b.shortcut, b.stride, arch, f"{p}.act{b.convs}")
 
 
-def emit(g: GraphBuilder, ckpt: Checkpoint, layout: Layout, arch: ArchConfig) -> Tensor:
-    return emit_trunk(g, ckpt, layout, arch, _emit_block)
+# The trunk around this family's block: emit(g, checkpoint, layout, arch) -> the logits.
+emit = partial(emit_trunk, block=_emit_block)
 
 
 # Every variant here shares timm's defaults; what differs between them is in the tensors.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import partial
 
 from ..checkpoint import Checkpoint, CheckpointError
 from ..graph_builder import GraphBuilder, Tensor
@@ -111,8 +112,8 @@ def _emit_block(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, b: BlockSpec, arch
     return emit_residual(g, y, x, ckpt, b.prefix, b.shortcut, b.stride, arch, f"{b.prefix}.act")
 
 
-def emit(g: GraphBuilder, ckpt: Checkpoint, layout: Layout[BlockSpec], arch: ArchConfig) -> Tensor:
-    return emit_trunk(g, ckpt, layout, arch, _emit_block)
+# The trunk around this family's block: emit(g, checkpoint, layout, arch) -> the logits.
+emit = partial(emit_trunk, block=_emit_block)
 
 
 FAMILY = Family(
