@@ -34,7 +34,9 @@ FP32_BOUND = 1e-4
 # A random batch-normed ResNet is chaotic: rounding grows block by block, and in resnet101 timm's own
 # fp32 logits already differ from its fp64 ones by 1.0e-4 of the largest. There the bound is also
 # this multiple of what timm's own fp32 reaches.
-TIMMS_OWN_FP32_ALLOWANCE = {"resnet101": 1.5}
+# So is a random resnest50d (largest logit 1.1e3): timm's own fp32 differs from its fp64 by 5.4e-4,
+# trtmc's fp32 from timm's by 6.1e-4 (and from timm's fp64 by 7.1e-5).
+TIMMS_OWN_FP32_ALLOWANCE = {"resnet101": 1.5, "resnest50d": 1.5}
 
 
 @dataclass(frozen=True)
