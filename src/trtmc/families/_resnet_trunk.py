@@ -2,7 +2,8 @@
 timm builds with that class: Res2Net, SKNet and ResNeSt (https://arxiv.org/abs/1512.03385; the "D" stem
 and shortcut of https://arxiv.org/abs/1812.01187). It reads the stem `conv1`/`bn1` (or the deep stem
 `conv1.N`), the blocks `layerS.B` and their shortcuts `downsample.*`, and the classifier `fc`; each
-family reads and emits its own block between them.
+family reads and emits its own block between them. The map sizes and the 2x2 ceil-mode shortcut pool
+also serve the pre-activation and normalizer-free ResNets (resnetv2, nfnet).
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ class FeatureMap:
 
     def strided(self, stride: int, channels: int | None = None) -> FeatureMap:
         # Every strided op of these networks (stem convs and pools, strided 3x3s and their 3x3 average
-        # pools, strided 1x1 projections, all with timm's symmetric padding) maps n pixels to ceil(n / stride).
+        # pools, strided 1x1 projections, with timm's symmetric padding or TF "SAME") maps n pixels to
+        # ceil(n / stride).
         width = self.channels if channels is None else channels
         return FeatureMap(width, -(-self.height // stride), -(-self.width // stride))
 
