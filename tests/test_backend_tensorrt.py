@@ -51,6 +51,7 @@ def every_op_graph() -> Graph:
     y = b.add(pooled_max, pooled_avg, "pool.sum")
     y = b.concat([b.slice(y, 1, 4, 8, "split.1"), b.slice(y, 1, 0, 4, "split.0")], 1, "shuffle")
     y = b.layer_norm(y, "norm.channels", r.random(8) + 0.5, r.standard_normal(8), 1e-6, axis=1)
+    y = b.group_norm(y, "norm.groups", 2, r.random(8) + 0.5, r.standard_normal(8), 1e-5)
     gate = b.activation(b.global_avg_pool(y, "se.pool", keepdim=True), Activation.SIGMOID, "se.gate")
     y = b.binary(y, gate, Binary.MUL, "se.mul")
     bias = b.constant("pos_bias", r.standard_normal((1, 8, 1, 1)))

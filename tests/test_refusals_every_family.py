@@ -14,8 +14,9 @@ from support import assert_refused_before_weights_load, rewritten_checkpoint
 from trtmc.checkpoint import CheckpointError
 from trtmc.families import all_families
 
-# One tensor deep inside a checkpoint of each family: a norm's statistic or bias that the layout can
-# only find missing when it asks for the tensor by name, not from the block structure around it.
+# One tensor deep inside a checkpoint of each family: a norm's statistic or bias (a conv's gain where
+# there are no norms) that the layout can only find missing when it asks for the tensor by name, not
+# from the block structure around it.
 MISSING_TENSOR = {
     "efficientnet": ("tf_efficientnet_lite0", "blocks.2.1.bn2.running_var"),
     "ghostnet": ("ghostnet_050", "blocks.6.3.ghost2.cheap_operation.1.running_var"),
@@ -33,6 +34,12 @@ MISSING_TENSOR = {
     "lcnet": ("lcnet_050", "blocks.4.2.bn2.running_var"),
     "hardcorenas": ("hardcorenas_b", "blocks.3.2.bn2.running_var"),
     "mobilenetv4": ("mobilenetv4_conv_small_050", "blocks.3.1.dw_mid.bn.running_var"),
+    "resnetv2": ("resnetv2_18", "stages.2.blocks.1.norm2.running_var"),
+    "res2net": ("res2next50", "layer3.2.bns.1.running_var"),
+    "skresnet": ("skresnet18", "layer3.1.conv1.paths.1.bn.running_var"),
+    "resnest": ("resnest14d", "layer3.0.conv2.bn1.running_var"),
+    # Normalizer-free: a conv's gain is what the layout finds missing only by name.
+    "nfnet": ("eca_nfnet_l0", "stages.2.3.conv2b.gain"),
 }
 
 

@@ -49,6 +49,7 @@ def every_enum_graph() -> Graph:
         y = g.activation(y, fn, f"act.{fn.value}")
     pooled = [g.pool2d(y, f"pool.{mode.value}", mode, 3, 1, 1) for mode in PoolMode]
     y = g.concat([g.slice(pooled[0], 1, 0, 4, "split.0"), g.slice(pooled[1], 1, 4, 8, "split.1")], 1, "merge")
+    y = g.group_norm(y, "merge.norm", 4, np.ones(8), np.zeros(8), 1e-5)
     bias = g.constant("bias", r.standard_normal((1, 8, 1, 1)))
     for op in Binary:
         y = g.binary(y, bias, op, f"bias.{op.value}")

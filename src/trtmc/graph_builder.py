@@ -27,6 +27,7 @@ from .graph import (
     ElementwiseAttrs,
     Graph,
     GraphError,
+    GroupNormAttrs,
     InputAttrs,
     LinearAttrs,
     MatmulAttrs,
@@ -250,6 +251,15 @@ class GraphBuilder:
             axis, self._weight(staged, name, "weight", weight), self._weight(staged, name, "bias", bias), float(eps)
         )
         return self._add(OpKind.NORMALIZATION, source, [x], attrs, staged=staged, sensitive=sensitive, name=name)
+
+    def group_norm(
+        self, x: Tensor, source: str, groups: int, weight: np.ndarray, bias: np.ndarray, eps: float, *, sensitive: bool = True
+    ) -> Tensor:
+        name, staged = self.unique(source), {}
+        attrs = GroupNormAttrs(
+            int(groups), self._weight(staged, name, "weight", weight), self._weight(staged, name, "bias", bias), float(eps)
+        )
+        return self._add(OpKind.GROUP_NORM, source, [x], attrs, staged=staged, sensitive=sensitive, name=name)
 
     def reshape(self, x: Tensor, shape: Sequence[int], source: str) -> Tensor:
         return self._add(OpKind.RESHAPE, source, [x], ReshapeAttrs(tuple(int(d) for d in shape)))

@@ -35,7 +35,8 @@ __all__ = [
     "OpKind", "Activation", "Binary", "Reduction", "PoolMode",
     "InputAttrs", "ConstantAttrs", "Conv2dAttrs", "ScaleAttrs", "ActivationAttrs", "Pool2dAttrs", "ReduceAttrs",
     "ElementwiseAttrs", "ConcatAttrs", "SliceAttrs", "LinearAttrs", "MatmulAttrs", "SoftmaxAttrs",
-    "NormalizationAttrs", "ReshapeAttrs", "TransposeAttrs", "CastAttrs", "AttentionAttrs", "QuantAttrs", "ATTRS",
+    "NormalizationAttrs", "GroupNormAttrs", "ReshapeAttrs", "TransposeAttrs", "CastAttrs", "AttentionAttrs",
+    "QuantAttrs", "ATTRS",
     "TensorType", "Node", "GraphError", "DType",
 ]
 
@@ -55,6 +56,7 @@ class OpKind(str, Enum):
     MATMUL = "matmul"
     SOFTMAX = "softmax"
     NORMALIZATION = "normalization"
+    GROUP_NORM = "group_norm"
     RESHAPE = "reshape"
     TRANSPOSE = "transpose"
     CAST = "cast"
@@ -196,6 +198,17 @@ class NormalizationAttrs:
 
 
 @dataclass(frozen=True)
+class GroupNormAttrs:
+    """Group norm of an NCHW map: statistics over each of `groups` runs of channels and all pixels,
+    then a per-channel affine (torch.nn.GroupNorm)."""
+
+    groups: int
+    weight: str
+    bias: str
+    eps: float
+
+
+@dataclass(frozen=True)
 class ReshapeAttrs:
     shape: tuple[int, ...]  # without the batch dimension
 
@@ -251,6 +264,7 @@ ATTRS: dict[OpKind, type] = {
     OpKind.MATMUL: MatmulAttrs,
     OpKind.SOFTMAX: SoftmaxAttrs,
     OpKind.NORMALIZATION: NormalizationAttrs,
+    OpKind.GROUP_NORM: GroupNormAttrs,
     OpKind.RESHAPE: ReshapeAttrs,
     OpKind.TRANSPOSE: TransposeAttrs,
     OpKind.CAST: CastAttrs,

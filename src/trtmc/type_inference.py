@@ -316,6 +316,17 @@ def _normalization(a, site: Site):
     return shape
 
 
+@rule(OpKind.GROUP_NORM)
+def _group_norm(a, site: Site):
+    n, c, h, w = _image("group norm", site)
+    if a.groups < 1 or c % a.groups:
+        raise GraphError(f"group norm {site.name!r}: {c} channels do not split into {a.groups} groups")
+    weight, bias = site.weight(a.weight), site.weight(a.bias)
+    if weight != (c,) or bias != (c,):
+        raise GraphError(f"group norm {site.name!r}: weight {weight} / bias {bias} do not match {c} channels")
+    return site.x.shape
+
+
 @rule(OpKind.RESHAPE)
 def _reshape(a, site: Site):
     shape = site.x.shape

@@ -305,6 +305,33 @@ def _normalization(lw, node, args):
     return layer.get_output(0)
 
 
+@lowering(OpKind.GROUP_NORM)
+def _group_norm(lw, node, args):
+    a = node.attrs
+    spatial = _mask(range(2, len(node.type.shape)))  # with num_groups, a group's statistics span its pixels
+    if hasattr(lw.network, "add_normalization_v2"):
+        # v2 takes torch's per-channel affine, [1, C, 1, 1].
+        shape = lw.channel_shape(1)
+        weight = lw.constant(lw.graph.weights[a.weight], shape, "weight")
+        bias = lw.constant(lw.graph.weights[a.bias], shape, "bias")
+        return _grouped(lw.named(lw.network.add_normalization_v2(args[0], weight, bias, spatial)), a).get_output(0)
+    # Before TensorRT 10.15 the layer's scale and bias are per group, [1, G, 1, 1]: normalize with the
+    # identity there, then apply the per-channel affine in a scale layer.
+    unit = np.ones((1, a.groups, 1, 1), np.float32)
+    one, zero = lw.constant(unit, unit.shape, "one"), lw.constant(0 * unit, unit.shape, "zero")
+    layer = _grouped(lw.named(lw.network.add_normalization(args[0], one, zero, spatial), "normalize"), a)
+    affine = lw.network.add_scale_nd(
+        layer.get_output(0), trt.ScaleMode.CHANNEL, lw.weights(a.bias), lw.weights(a.weight), None, 1
+    )
+    return lw.out(affine)
+
+
+def _grouped(layer, attrs):
+    layer.num_groups = attrs.groups
+    layer.epsilon = attrs.eps
+    return layer
+
+
 @lowering(OpKind.RESHAPE)
 def _reshape(lw, node, args):
     layer = lw.named(lw.network.add_shuffle(args[0]))

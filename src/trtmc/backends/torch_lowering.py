@@ -176,6 +176,12 @@ def _normalization(node, args, w):
     return x.movedim(-1, a.axis)
 
 
+@lowering(OpKind.GROUP_NORM)
+def _group_norm(node, args, w):
+    a = node.attrs
+    return F.group_norm(args[0], a.groups, w(a.weight), w(a.bias), a.eps)
+
+
 @lowering(OpKind.RESHAPE)
 def _reshape(node, args, w):
     return args[0].reshape((-1,) + tuple(node.attrs.shape))

@@ -43,6 +43,11 @@ _MODULES = (
     "lcnet",
     "hardcorenas",
     "mobilenetv4",
+    "resnetv2",
+    "res2net",
+    "skresnet",
+    "resnest",
+    "nfnet",
 )
 
 ArchT = TypeVar("ArchT")

@@ -1,5 +1,5 @@
-"""What several families emit alike: padding math, batch-norm reduction, conv-norm-act, SE, linear, norms,
-multi-head attention.
+"""What several families emit alike: padding math, batch-norm reduction, weight standardization,
+conv-norm-act, SE, softmax attention over branches, linear, norms, multi-head attention.
 
 Each helper reads its tensors by timm module path from the checkpoint and names its nodes after
 that path, so graphs map back to the checkpoint. Reading a layout is `_layout.py`'s job.
@@ -13,7 +13,7 @@ from typing import Sequence
 import numpy as np
 
 from ..checkpoint import Checkpoint, CheckpointError
-from ..graph import Activation, GraphError, PoolMode
+from ..graph import Activation, GraphError, PoolMode, Reduction
 from ..graph_builder import GraphBuilder, Tensor
 
 
@@ -50,6 +50,15 @@ def fold_norm(ckpt: Checkpoint, prefix: str, eps: float) -> tuple[np.ndarray, np
     return scale.astype(np.float32), shift.astype(np.float32)
 
 
+def standardize_weight(weight: np.ndarray, eps: float) -> np.ndarray:
+    """A convolution weight standardized per output channel, (w - mean) / sqrt(var + eps) over its
+    inputs and kernel with the biased variance: what timm's StdConv2d and ScaledStdConv2d compute from
+    the stored weight on every forward (https://arxiv.org/abs/1903.10520), computed once in float64."""
+    w = weight.astype(np.float64).reshape(weight.shape[0], -1)
+    w = (w - w.mean(1, keepdims=True)) / np.sqrt(w.var(1, keepdims=True) + eps)
+    return w.reshape(weight.shape).astype(np.float32)
+
+
 def batch_norm(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str, eps: float) -> Tensor:
     scale, shift = fold_norm(ckpt, prefix, eps)
     return g.scale(x, prefix, scale, shift)
@@ -69,13 +78,15 @@ def conv(
     tf_same: bool = False,
     dilation: int = 1,
     padding: Sequence[int] | None = None,
+    weight: np.ndarray | None = None,
 ) -> Tensor:
-    """The convolution stored at `prefix.weight` (and `prefix.bias` if present).
+    """The convolution stored at `prefix.weight` (and `prefix.bias` if present); `weight` replaces the
+    stored one where a family re-parameterises it at build time (weight standardization).
 
     Groups follow from the weight shape and the input width: depthwise and grouped convolutions
     need no table.
     """
-    weight = ckpt.tensor(f"{prefix}.weight")
+    weight = ckpt.tensor(f"{prefix}.weight") if weight is None else weight
     in_per_group = weight.shape[1]
     if x.channels % in_per_group:
         raise CheckpointError(
@@ -125,6 +136,26 @@ def squeeze_excite(
     s = conv(g, s, ckpt, f"{prefix}.{expand}")
     s = g.activation(s, gate, f"{prefix}.gate")
     return g.mul(x, s, f"{prefix}.mul")
+
+
+def softmax_over_branches(
+    g: GraphBuilder, stacked: Tensor, logits: Tensor, branches: int, *, groups: int, source: str
+) -> Tensor:
+    """sum_r stacked_r * softmax_r(logits): the attention-weighted sum of `branches` maps of C channels
+    stacked branch after branch ([1, branches * C, H, W]). `logits` ([1, branches * C, 1, 1]) is laid
+    out as timm's RadixSoftmax reads it, `groups` runs of (branch, C / groups); SKNet's has one group."""
+    _, stacked_channels, height, width = stacked.shape
+    channels = stacked_channels // branches
+    if groups == 1:
+        weights = g.reshape(logits, (branches, channels), f"{source}.attn_split")
+    else:
+        weights = g.reshape(logits, (groups, branches, channels // groups), f"{source}.attn_split")
+        weights = g.transpose(weights, (0, 2, 1, 3), f"{source}.attn_branch_first")
+    weights = g.softmax(weights, 1, f"{source}.softmax")
+    weighted = g.mul(stacked, g.reshape(weights, (stacked_channels, 1, 1), f"{source}.attn_merge"), f"{source}.weigh")
+    weighted = g.reshape(weighted, (branches, channels, height * width), f"{source}.branches")
+    summed = g.reduce(weighted, f"{source}.sum", Reduction.SUM, (1,), keepdim=False)
+    return g.reshape(summed, (channels, height, width), f"{source}.merge")
 
 
 def max_pool(g: GraphBuilder, x: Tensor, source: str, kernel: int, stride: int, padding: int) -> Tensor:
