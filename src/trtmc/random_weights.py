@@ -38,6 +38,8 @@ CALIBRATION_IMAGES = 4
 # The calibration noise is drawn with seed + this, apart from the weights' own draws (3 for seed 0: the
 # tests' checkpoints stayed the same, bit for bit, when this module replaced their own helper).
 CALIBRATION_SEED_OFFSET = 3
+# The classes given to an architecture timm registers without a classifier (num_classes 0).
+HEADLESS_CLASSES = 1000
 
 
 class BatchNormStatistics(enum.Enum):
@@ -158,6 +160,7 @@ def save_random_checkpoint(
     Hugging Face layout in `folder`, which appears complete or not at all; returns `folder`.
 
     `timm_kwargs` go to `timm.create_model` (e.g. `pretrained_cfg_overlay=dict(input_size=(3, 64, 64))`).
+    An architecture timm registers headless (num_classes 0) gets a classifier of `HEADLESS_CLASSES`.
     """
     import torch
 
@@ -167,6 +170,10 @@ def save_random_checkpoint(
         model = timm.create_model(name, pretrained=False, **timm_kwargs)
     except RuntimeError as exc:  # timm's "Unknown model"
         raise ValueError(f"{name!r} is not a timm model name ({exc}); give a timm architecture such as resnet50") from exc
+    if model.num_classes == 0 and "num_classes" not in timm_kwargs:
+        # A headless pretrained tag (DINOv2, SigLIP): written as the classifier fine-tuned from it would be,
+        # its pretrained_cfg kept, HEADLESS_CLASSES classes at the root.
+        model.reset_classifier(HEADLESS_CLASSES)
     _randomize_(model, weights)
     config = _json_config(model, model.pretrained_cfg.get("architecture", name.split(".")[0]))
     return _write_checkpoint(folder, model.state_dict(), json.dumps(config, indent=1))
