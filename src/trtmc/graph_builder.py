@@ -144,11 +144,12 @@ class GraphBuilder:
     def input(self, name: str, shape: Sequence[int]) -> Tensor:
         return self._add(OpKind.INPUT, name, [], InputAttrs(), shape=shape)
 
-    def constant(self, source: str, value: np.ndarray) -> Tensor:
-        """A constant tensor; its leading dimension is 1 and broadcasts over the batch."""
+    def constant(self, source: str, value: np.ndarray, *, sensitive: bool = False) -> Tensor:
+        """A constant tensor; its leading dimension is 1 and broadcasts over the batch. `sensitive` for
+        one that only fp32 holds exactly (a norm's eps is subnormal in fp16)."""
         name, staged = self.unique(source), {}
         key = self._weight(staged, name, "weight", value)
-        return self._add(OpKind.CONSTANT, source, [], ConstantAttrs(key), staged=staged, name=name)
+        return self._add(OpKind.CONSTANT, source, [], ConstantAttrs(key), staged=staged, name=name, sensitive=sensitive)
 
     def conv2d(
         self,
