@@ -68,10 +68,13 @@ def require_timm():
     return timm
 
 
-def _is_layer_norm(module) -> bool:
+def _is_affine_norm(module) -> bool:
+    """A LayerNorm of any kind, or ConvNeXt-V2's global response norm, whose zero weight and bias make
+    it the identity until they are drawn."""
     import torch
 
-    return isinstance(module, torch.nn.LayerNorm) or type(module).__name__.startswith("LayerNorm")
+    kind = type(module).__name__
+    return isinstance(module, torch.nn.LayerNorm) or kind.startswith("LayerNorm") or kind == "GlobalResponseNorm"
 
 
 def _randomize_(model, weights: RandomWeights):
@@ -88,7 +91,7 @@ def _randomize_(model, weights: RandomWeights):
                 module.running_var.copy_(torch.rand(n, generator=gen) * 0.5 + 0.02)
                 module.weight.copy_(torch.rand(n, generator=gen) * 0.5 + 0.75)
                 module.bias.copy_(torch.randn(n, generator=gen) * 0.1)
-            elif _is_layer_norm(module) and getattr(module, "weight", None) is not None:
+            elif _is_affine_norm(module) and getattr(module, "weight", None) is not None:
                 module.weight.copy_(torch.rand(module.weight.shape, generator=gen) * 0.5 + 0.75)
                 module.bias.copy_(torch.randn(module.bias.shape, generator=gen) * 0.1)
         for name, p in model.named_parameters():
