@@ -1,5 +1,5 @@
 """What several families emit alike: padding math, batch-norm reduction, conv-norm-act, SE, linear, norms,
-multi-head attention.
+multi-head attention, relative position indices.
 
 Each helper reads its tensors by timm module path from the checkpoint and names its nodes after
 that path, so graphs map back to the checkpoint. Reading a layout is `_layout.py`'s job.
@@ -144,6 +144,33 @@ def layer_norm(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str, eps: f
 def image_input(g: GraphBuilder, ckpt: Checkpoint) -> Tensor:
     c, h, w = ckpt.config.pretrained.input_size
     return g.input("pixels", (1, c, h, w))
+
+
+def embed_patches(g: GraphBuilder, ckpt: Checkpoint, prefix: str, patch: int) -> Tensor:
+    """The image as patch tokens [N, patches, width], patches row-major: timm's PatchEmbed, a patch x patch
+    convolution of stride patch at `prefix`, flattened."""
+    x = conv(g, image_input(g, ckpt), ckpt, prefix, stride=patch, padding=0)
+    x = g.reshape(x, (x.shape[1], x.shape[2] * x.shape[3]), f"{prefix}.flatten")
+    return g.transpose(x, (0, 2, 1), f"{prefix}.transpose")
+
+
+def prepend_tokens(g: GraphBuilder, x: Tensor, tokens: np.ndarray, source: str) -> Tensor:
+    """Tokens `tokens` [1, n, width] (a class token, registers) before the tokens of `x` [N, tokens, width].
+
+    A concat does not broadcast a constant over the batch, so they are made batch-sized from the first
+    token of `x`: x * 0 + tokens.
+    """
+    zeros = np.zeros(x.shape[-1], np.float32)
+    first = g.scale(g.slice(x, 1, 0, 1, f"{source}.batch"), source, zeros, zeros, axis=-1)
+    return g.concat([g.add(first, g.constant(source, tokens), f"{source}.add"), x], 1, f"{source}.cat")
+
+
+def relative_position_index(height: int, width: int) -> np.ndarray:
+    """[h*w, h*w]: for each pair of tokens (row-major) of an h x w grid, the row of a relative position
+    bias table [(2h - 1) * (2w - 1), heads] holding its offset, as Swin and BEiT number them: the row
+    offset times (2w - 1) plus the column offset, both made non-negative."""
+    rows, cols = np.divmod(np.arange(height * width), width)
+    return (rows[:, None] - rows[None, :] + height - 1) * (2 * width - 1) + (cols[:, None] - cols[None, :] + width - 1)
 
 
 def split_heads(g: GraphBuilder, qkv: Tensor, heads: int, source: str) -> tuple[Tensor, Tensor, Tensor]:

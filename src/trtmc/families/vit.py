@@ -21,7 +21,7 @@ from ..graph import Activation
 from ..graph_builder import GraphBuilder, Tensor
 from . import Family, UnsupportedModel
 from ._layout import LayoutReader, indexed_blocks
-from ._parts import conv, image_input, layer_norm, linear, multi_head_attention
+from ._parts import embed_patches, layer_norm, linear, multi_head_attention, prepend_tokens
 
 _BLOCK = r"^blocks\.(\d+)\."
 
@@ -165,24 +165,17 @@ def resampled_positions(positions: np.ndarray, trained: tuple[int, int], grid: t
 
 
 def _embed(g: GraphBuilder, ckpt: Checkpoint, layout: Layout, arch: ViTConfig) -> Tensor:
-    x = image_input(g, ckpt)
-    x = conv(g, x, ckpt, "patch_embed.proj", stride=layout.patch, padding=0)
-    x = g.reshape(x, (layout.width, layout.tokens - layout.prefix), "patch_embed.flatten")
-    x = g.transpose(x, (0, 2, 1), "patch_embed.transpose")  # [1, patches, width]
+    x = embed_patches(g, ckpt, "patch_embed.proj", layout.patch)
     positions = ckpt.tensor("pos_embed")
     embedded = 0 if arch.no_embed_class else layout.prefix
     patch_positions = resampled_positions(positions[:, embedded:], layout.trained_grid, layout.grid)
     x = g.add(x, g.constant("pos_embed", patch_positions), "pos_embed.add")
     # The class and register tokens with their own position embeddings (where they have any) are one
-    # constant, summed in float32 as timm sums them. A concat does not broadcast a constant over the
-    # batch, so the tokens are made batch-sized from the first patch: x * 0 + tokens.
-    prefix = [ckpt.tensor("cls_token")] + ([ckpt.tensor("reg_token")] if layout.registers else [])
-    tokens = np.concatenate(prefix, axis=1)
+    # constant, summed in float32 as timm sums them.
+    tokens = np.concatenate([ckpt.tensor("cls_token")] + ([ckpt.tensor("reg_token")] if layout.registers else []), axis=1)
     if embedded:
         tokens = tokens + positions[:, :embedded]
-    zeros = np.zeros(layout.width, np.float32)
-    first = g.scale(g.slice(x, 1, 0, 1, "patch_embed.first"), "cls_token", zeros, zeros, axis=-1)
-    x = g.concat([g.add(first, g.constant("cls_token", tokens), "cls_token.add"), x], 1, "cls_token.cat")
+    x = prepend_tokens(g, x, tokens, "cls_token")
     return layer_norm(g, x, ckpt, "norm_pre", arch.norm_eps) if layout.pre_norm else x
 
 
