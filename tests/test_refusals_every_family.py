@@ -27,6 +27,7 @@ MISSING_TENSOR = {
     "vit": ("vit_tiny_patch16_224", "blocks.7.norm2.bias"),
     "efficientvit": ("efficientvit_b0", "stages.3.blocks.1.context_module.main.proj.norm.running_var"),
     "swin": ("swin_tiny_patch4_window7_224", "layers.2.blocks.4.norm2.bias"),
+    "beit": ("beit_base_patch16_224", "blocks.7.norm2.bias"),
 }
 
 

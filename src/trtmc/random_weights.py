@@ -5,8 +5,8 @@ tests; the GPU machine, which has no network) the weights are random and written
 downloaded checkpoint from: `config.json` (architecture, num_classes, timm's `pretrained_cfg`) and
 `model.safetensors`. timm's own init is too forgiving for a check: every norm starts as the identity
 and the last norm of a residual block as zero, so a missed norm or a wrong eps would not move the
-logits. Here the affine parameters of every norm and the layer scales are drawn at random, and the
-batch-norm running statistics are one of two kinds (`BatchNormStatistics`): drawn at random, with
+logits. Here the affine parameters of every norm, the layer scales and the attention biases timm
+starts at zero are drawn at random, and the batch-norm running statistics are one of two kinds (`BatchNormStatistics`): drawn at random, with
 small variances so that an eps mistake shows; or calibrated, measured on noise images in training
 mode, which keeps a deep network in a trained one's range (random statistics drive GhostNet's fp16
 activations past 65504) while a wrong eps or padding still moves the logits. For checks on photos,
@@ -40,6 +40,8 @@ CALIBRATION_IMAGES = 4
 CALIBRATION_SEED_OFFSET = 3
 # The classes given to an architecture timm registers without a classifier (num_classes 0).
 HEADLESS_CLASSES = 1000
+# Attention parameters some timm models start at zero, which would hide them from a comparison.
+_ZERO_STARTED = ("relative_position_bias_table", "q_bias", "v_bias")
 
 
 class BatchNormStatistics(enum.Enum):
@@ -95,8 +97,13 @@ def _randomize_(model, weights: RandomWeights):
                 module.weight.copy_(torch.rand(module.weight.shape, generator=gen) * 0.5 + 0.75)
                 module.bias.copy_(torch.randn(module.bias.shape, generator=gen) * 0.1)
         for name, p in model.named_parameters():
-            if name.endswith("gamma") or ".ls" in name or "layer_scale" in name:
+            if name.endswith(("gamma", "gamma_1", "gamma_2")) or ".ls" in name or "layer_scale" in name:
                 p.copy_(torch.rand(p.shape, generator=gen) * 0.5 + 0.5)
+        for name, p in model.named_parameters():
+            # BEiT and EVA start their attention's relative position bias table and q / v biases at zero:
+            # drawn, a bias gathered or placed wrongly moves the logits.
+            if name.endswith(_ZERO_STARTED) and not p.any():
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
     if weights.statistics is BatchNormStatistics.CALIBRATED:
         _calibrate_batch_norm_(model, weights.seed + CALIBRATION_SEED_OFFSET)
     return model.eval()

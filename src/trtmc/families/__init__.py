@@ -32,6 +32,7 @@ _MODULES = (
     "vit",
     "efficientvit",
     "swin",
+    "beit",
 )
 
 ArchT = TypeVar("ArchT")
