@@ -1,5 +1,5 @@
 """What several families emit alike: padding math, batch-norm reduction, conv-norm-act, SE, linear, norms,
-multi-head attention, relative position indices.
+multi-head attention, relative position indices, the pre-norm transformer block.
 
 Each helper reads its tensors by timm module path from the checkpoint and names its nodes after
 that path, so graphs map back to the checkpoint. Reading a layout is `_layout.py`'s job.
@@ -8,7 +8,7 @@ that path, so graphs map back to the checkpoint. Reading a layout is `_layout.py
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -218,3 +218,42 @@ def multi_head_attention(
     scale = q.shape[3] ** -0.5 if scale is None else scale
     out = g.attention(q, k, v, prefix, scale=scale, bias=bias)
     return linear(g, merge_heads(g, out, prefix), ckpt, f"{prefix}.proj")
+
+
+def layer_scaled(g: GraphBuilder, y: Tensor, ckpt: Checkpoint, gamma: str | None) -> Tensor:
+    """`y` times the per-channel layer scale `gamma` (a tensor name; None: no layer scale), on its last axis.
+
+    Kept as its own op rather than folded into the projection before it: trained gammas are small
+    (DINOv2 starts them at 1e-5), and gamma * weight would push fp16 weights into the subnormal range.
+    The node is named after the module (`blocks.0.ls1`) or, where the gamma is a bare parameter, after it
+    (`blocks.0.gamma_1`).
+    """
+    if gamma is None:
+        return y
+    value = ckpt.tensor(gamma)
+    return g.scale(y, gamma.removesuffix(".gamma"), value, np.zeros_like(value), axis=-1)
+
+
+def transformer_block(
+    g: GraphBuilder,
+    x: Tensor,
+    ckpt: Checkpoint,
+    prefix: str,
+    attention: Callable[[Tensor], Tensor],
+    *,
+    eps: float,
+    act: Activation,
+    gammas: tuple[str, str] | None = None,
+) -> Tensor:
+    """timm's pre-norm transformer block at `prefix` over tokens `x` [N, ..., width]: x + ls1(attention(
+    norm1(x))), then x + ls2(mlp(norm2(x))), the MLP `mlp.fc1`, `act`, `mlp.fc2`.
+
+    `attention` maps the normalized tokens to the attention branch (a family's own: windows, biases);
+    `gammas` names the two layer scales, or None where the block has none.
+    """
+    ls1, ls2 = gammas or (None, None)
+    y = attention(layer_norm(g, x, ckpt, f"{prefix}.norm1", eps))
+    x = g.add(x, layer_scaled(g, y, ckpt, ls1), f"{prefix}.residual1")
+    y = linear(g, layer_norm(g, x, ckpt, f"{prefix}.norm2", eps), ckpt, f"{prefix}.mlp.fc1")
+    y = linear(g, g.activation(y, act, f"{prefix}.mlp.act"), ckpt, f"{prefix}.mlp.fc2")
+    return g.add(x, layer_scaled(g, y, ckpt, ls2), f"{prefix}.residual2")

@@ -11,6 +11,7 @@ their shapes, and only the norm eps from the per-architecture config.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -19,7 +20,16 @@ from ..graph import Activation, Reduction
 from ..graph_builder import GraphBuilder, Tensor
 from . import Family, UnsupportedModel
 from ._layout import LayoutReader, indexed_blocks
-from ._parts import embed_patches, layer_norm, linear, merge_heads, prepend_tokens, relative_position_index, split_heads
+from ._parts import (
+    embed_patches,
+    layer_norm,
+    linear,
+    merge_heads,
+    prepend_tokens,
+    relative_position_index,
+    split_heads,
+    transformer_block,
+)
 
 _BLOCK = r"^blocks\.(\d+)\."
 # The table's last three rows: what the class token sees, what sees the class token, and the class
@@ -98,8 +108,7 @@ def derive_layout(ckpt: Checkpoint, arch: BeitConfig) -> Layout:
         read.tensor(f"{p}.attn.relative_position_bias_table", table)
         read.linear(f"{p}.attn.proj", width, width, bias=True)
         read.layer_norm(f"{p}.norm2", width)
-        read.linear(f"{p}.mlp.fc1", width, layout.hidden, bias=True)
-        read.linear(f"{p}.mlp.fc2", layout.hidden, width, bias=True)
+        read.mlp(f"{p}.mlp", width, layout.hidden)
         if layout.layer_scale:
             read.tensor(f"{p}.gamma_1", (width,))
             read.tensor(f"{p}.gamma_2", (width,))
@@ -134,21 +143,10 @@ def _attention(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str, layout
     return linear(g, merge_heads(g, out, prefix), ckpt, f"{prefix}.proj")
 
 
-def _layer_scaled(g: GraphBuilder, y: Tensor, ckpt: Checkpoint, name: str, layout: Layout) -> Tensor:
-    if not layout.layer_scale:
-        return y
-    gamma = ckpt.tensor(name)
-    return g.scale(y, name, gamma, np.zeros_like(gamma), axis=-1)
-
-
 def _emit_block(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str, layout: Layout, arch: BeitConfig) -> Tensor:
-    y = _attention(g, layer_norm(g, x, ckpt, f"{prefix}.norm1", arch.norm_eps), ckpt, f"{prefix}.attn", layout)
-    x = g.add(x, _layer_scaled(g, y, ckpt, f"{prefix}.gamma_1", layout), f"{prefix}.residual1")
-    y = layer_norm(g, x, ckpt, f"{prefix}.norm2", arch.norm_eps)
-    y = linear(g, y, ckpt, f"{prefix}.mlp.fc1")
-    y = g.activation(y, arch.act, f"{prefix}.mlp.act")
-    y = linear(g, y, ckpt, f"{prefix}.mlp.fc2")
-    return g.add(x, _layer_scaled(g, y, ckpt, f"{prefix}.gamma_2", layout), f"{prefix}.residual2")
+    gammas = (f"{prefix}.gamma_1", f"{prefix}.gamma_2") if layout.layer_scale else None
+    attend = partial(_attention, g, ckpt=ckpt, prefix=f"{prefix}.attn", layout=layout)
+    return transformer_block(g, x, ckpt, prefix, attend, eps=arch.norm_eps, act=arch.act, gammas=gammas)
 
 
 def emit(g: GraphBuilder, ckpt: Checkpoint, layout: Layout, arch: BeitConfig) -> Tensor:

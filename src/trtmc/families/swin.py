@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -19,7 +20,7 @@ from ..graph import Activation, Reduction
 from ..graph_builder import GraphBuilder, Tensor
 from . import Family, UnsupportedModel
 from ._layout import LayoutReader, indexed_blocks
-from ._parts import conv, image_input, layer_norm, linear, relative_position_index
+from ._parts import conv, image_input, layer_norm, linear, relative_position_index, transformer_block
 
 _BLOCK = r"^layers\.(\d+)\.blocks\.(\d+)\."
 # Shifted-window attention masks pairs of tokens from different image regions with this bias, not
@@ -96,8 +97,7 @@ def _stage(read: LayoutReader, prefix: str, depth: int, width_in: int, resolutio
         read.linear(f"{p}.attn.qkv", width, 3 * width, bias=True)
         read.linear(f"{p}.attn.proj", width, width, bias=True)
         read.layer_norm(f"{p}.norm2", width)
-        read.linear(f"{p}.mlp.fc1", width, hidden, bias=True)
-        read.linear(f"{p}.mlp.fc2", hidden, width, bias=True)
+        read.mlp(f"{p}.mlp", width, hidden)
     return StageSpec(prefix, width, resolution, window, heads, hidden, depth, merges)
 
 
@@ -208,22 +208,16 @@ def _window_attention(
     return linear(g, out, ckpt, f"{prefix}.proj")
 
 
-def _emit_block(
-    g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str, stage: StageSpec, shift: tuple[int, int], arch: SwinConfig
+def _shifted_window_attention(
+    g: GraphBuilder, y: Tensor, ckpt: Checkpoint, prefix: str, stage: StageSpec, shift: tuple[int, int]
 ) -> Tensor:
-    y = layer_norm(g, x, ckpt, f"{prefix}.norm1", arch.norm_eps)
+    """The attention branch of a block over normalized tokens [N, H, W, C]: roll, partition, attend,
+    reverse, roll back (timm's SwinTransformerBlock._attn)."""
     if any(shift):
         y = _roll(g, y, (-shift[0], -shift[1]), f"{prefix}.shift")
     y = _window_attention(g, _partition(g, y, stage.window, prefix), ckpt, f"{prefix}.attn", stage, shift)
     y = _reverse(g, y, stage.resolution, stage.window, prefix)
-    if any(shift):
-        y = _roll(g, y, shift, f"{prefix}.unshift")
-    x = g.add(x, y, f"{prefix}.residual1")
-    y = layer_norm(g, x, ckpt, f"{prefix}.norm2", arch.norm_eps)
-    y = linear(g, y, ckpt, f"{prefix}.mlp.fc1")
-    y = g.activation(y, arch.act, f"{prefix}.mlp.act")
-    y = linear(g, y, ckpt, f"{prefix}.mlp.fc2")
-    return g.add(x, y, f"{prefix}.residual2")
+    return _roll(g, y, shift, f"{prefix}.unshift") if any(shift) else y
 
 
 def _merge_patches(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str, arch: SwinConfig) -> Tensor:
@@ -246,7 +240,9 @@ def emit(g: GraphBuilder, ckpt: Checkpoint, layout: Layout, arch: SwinConfig) ->
         if stage.merges:
             x = _merge_patches(g, x, ckpt, f"{stage.prefix}.downsample", arch)
         for j in range(stage.depth):
-            x = _emit_block(g, x, ckpt, f"{stage.prefix}.blocks.{j}", stage, stage.shift if j % 2 else (0, 0), arch)
+            prefix, shift = f"{stage.prefix}.blocks.{j}", stage.shift if j % 2 else (0, 0)
+            attend = partial(_shifted_window_attention, g, ckpt=ckpt, prefix=prefix, stage=stage, shift=shift)
+            x = transformer_block(g, x, ckpt, prefix, attend, eps=arch.norm_eps, act=arch.act)
     x = layer_norm(g, x, ckpt, "norm", arch.norm_eps)
     x = g.reduce(x, "head.global_pool", Reduction.MEAN, (1, 2), keepdim=False)
     return linear(g, x, ckpt, "head.fc")

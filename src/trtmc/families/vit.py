@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -21,7 +22,7 @@ from ..graph import Activation
 from ..graph_builder import GraphBuilder, Tensor
 from . import Family, UnsupportedModel
 from ._layout import LayoutReader, indexed_blocks
-from ._parts import embed_patches, layer_norm, linear, multi_head_attention, prepend_tokens
+from ._parts import embed_patches, layer_norm, linear, multi_head_attention, prepend_tokens, transformer_block
 
 _BLOCK = r"^blocks\.(\d+)\."
 
@@ -142,8 +143,7 @@ def _place_block(read: LayoutReader, p: str, layout: Layout) -> None:
     read.linear(f"{p}.attn.qkv", width, 3 * width, bias=layout.qkv_bias)
     read.linear(f"{p}.attn.proj", width, width, bias=True)
     read.layer_norm(f"{p}.norm2", width)
-    read.linear(f"{p}.mlp.fc1", width, layout.hidden, bias=True)
-    read.linear(f"{p}.mlp.fc2", layout.hidden, width, bias=True)
+    read.mlp(f"{p}.mlp", width, layout.hidden)
     if layout.layer_scale:
         read.tensor(f"{p}.ls1.gamma", (width,))
         read.tensor(f"{p}.ls2.gamma", (width,))
@@ -179,24 +179,10 @@ def _embed(g: GraphBuilder, ckpt: Checkpoint, layout: Layout, arch: ViTConfig) -
     return layer_norm(g, x, ckpt, "norm_pre", arch.norm_eps) if layout.pre_norm else x
 
 
-def _layer_scaled(g: GraphBuilder, y: Tensor, ckpt: Checkpoint, prefix: str, layout: Layout) -> Tensor:
-    # Kept as its own op rather than folded into the projection: trained gammas are small (DINOv2 starts
-    # them at 1e-5), and gamma * weight would push fp16 weights into the subnormal range.
-    if not layout.layer_scale:
-        return y
-    gamma = ckpt.tensor(f"{prefix}.gamma")
-    return g.scale(y, prefix, gamma, np.zeros_like(gamma), axis=-1)
-
-
 def _emit_block(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str, layout: Layout, arch: ViTConfig) -> Tensor:
-    y = layer_norm(g, x, ckpt, f"{prefix}.norm1", arch.norm_eps)
-    y = multi_head_attention(g, y, ckpt, f"{prefix}.attn", layout.heads)
-    x = g.add(x, _layer_scaled(g, y, ckpt, f"{prefix}.ls1", layout), f"{prefix}.residual1")
-    y = layer_norm(g, x, ckpt, f"{prefix}.norm2", arch.norm_eps)
-    y = linear(g, y, ckpt, f"{prefix}.mlp.fc1")
-    y = g.activation(y, arch.act, f"{prefix}.mlp.act")
-    y = linear(g, y, ckpt, f"{prefix}.mlp.fc2")
-    return g.add(x, _layer_scaled(g, y, ckpt, f"{prefix}.ls2", layout), f"{prefix}.residual2")
+    gammas = (f"{prefix}.ls1.gamma", f"{prefix}.ls2.gamma") if layout.layer_scale else None
+    attend = partial(multi_head_attention, g, ckpt=ckpt, prefix=f"{prefix}.attn", heads=layout.heads)
+    return transformer_block(g, x, ckpt, prefix, attend, eps=arch.norm_eps, act=arch.act, gammas=gammas)
 
 
 def emit(g: GraphBuilder, ckpt: Checkpoint, layout: Layout, arch: ViTConfig) -> Tensor:
