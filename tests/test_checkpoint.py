@@ -1,9 +1,10 @@
 import json
+from pathlib import Path
 
 import pytest
 
 from support import LITE0
-from trtmc.checkpoint import Checkpoint, CheckpointError, open_checkpoint
+from trtmc.checkpoint import Checkpoint, CheckpointError, open_checkpoint, parse_config
 
 
 def write_config(folder, config, weights=True):
@@ -82,7 +83,9 @@ def test_revision_with_a_local_folder_is_refused():
     [
         ({"architecture": "resnet18", "num_classes": "abc"}, "config.json: num_classes must be a positive integer, got 'abc'"),
         ({"architecture": "resnet18", "pretrained_cfg": {"num_classes": "abc"}},
-         "config.json: pretrained_cfg.num_classes must be a positive integer, got 'abc'"),
+         "config.json: pretrained_cfg.num_classes must be a non-negative integer, got 'abc'"),
+        ({"architecture": "vit_small_patch14_dinov2", "pretrained_cfg": {"num_classes": 0}},
+         r"num_classes must be a positive integer, got 0 \(a headless feature model"),
         ({"architecture": "resnet18", "num_classes": True}, "num_classes must be a positive integer, got True"),
         ({"architecture": "resnet18", "pretrained_cfg": {"input_size": [3, True, 224]}}, "input_size must be"),
         ({"architecture": "resnet18", "label_descriptions": {"a": 3}}, "label_descriptions must map label names to text"),
@@ -117,3 +120,10 @@ def test_offline_hub_error_is_one_line(monkeypatch, tmp_path):
     with pytest.raises(CheckpointError) as err:
         open_checkpoint("timm/ghostnet_100.in1k")
     assert "\n" not in str(err.value)
+
+
+def test_classifier_fine_tuned_from_a_headless_pretrained_tag_keeps_its_own_classes():
+    # timm saves the DINOv2 tag's pretrained_cfg (num_classes 0) with the fine-tuned model's classes at the root.
+    raw = {"architecture": "vit_small_patch14_dinov2", "num_classes": 10, "pretrained_cfg": {"num_classes": 0}}
+    config = parse_config(raw, Path("config.json"))
+    assert (config.num_classes, config.pretrained.num_classes) == (10, 0)

@@ -40,6 +40,8 @@ MISSING_TENSOR = {
     "resnest": ("resnest14d", "layer3.0.conv2.bn1.running_var"),
     # Normalizer-free: a conv's gain is what the layout finds missing only by name.
     "nfnet": ("eca_nfnet_l0", "stages.2.3.conv2b.gain"),
+    "swin": ("swin_tiny_patch4_window7_224", "layers.2.blocks.4.norm2.bias"),
+    "beit": ("beit_base_patch16_224", "blocks.7.norm2.bias"),
 }
 
 

@@ -129,12 +129,15 @@ def parse_config(raw: Any, path: Path) -> ModelConfig:
                  path, f"pretrained_cfg.{key} must be three numbers, got {value!r}")
     _require(all(v > 0 for v in std), path, f"pretrained_cfg.std must be positive, got {std!r}")
 
+    # 0 is a headless pretrained tag (DINOv2, SigLIP, EVA-02 pre-training); a classifier fine-tuned from
+    # one keeps that pretrained_cfg and states its own classes at the root.
     pretrained_classes = cfg.get("num_classes", 1000)
-    _require(_is_int(pretrained_classes) and pretrained_classes > 0, path,
-             f"pretrained_cfg.num_classes must be a positive integer, got {pretrained_classes!r}")
+    _require(_is_int(pretrained_classes) and pretrained_classes >= 0, path,
+             f"pretrained_cfg.num_classes must be a non-negative integer, got {pretrained_classes!r}")
     num_classes = raw.get("num_classes", pretrained_classes)
     _require(_is_int(num_classes) and num_classes > 0, path,
-             f"num_classes must be a positive integer, got {num_classes!r}")
+             f"num_classes must be a positive integer, got {num_classes!r}"
+             + (" (a headless feature model: trtmc builds classifiers)" if num_classes == 0 else ""))
     names = raw.get("label_names") or []
     _require(isinstance(names, list) and all(isinstance(n, str) for n in names), path,
              "label_names must be a list of strings")

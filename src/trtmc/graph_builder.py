@@ -145,11 +145,12 @@ class GraphBuilder:
     def input(self, name: str, shape: Sequence[int]) -> Tensor:
         return self._add(OpKind.INPUT, name, [], InputAttrs(), shape=shape)
 
-    def constant(self, source: str, value: np.ndarray) -> Tensor:
-        """A constant tensor; its leading dimension is 1 and broadcasts over the batch."""
+    def constant(self, source: str, value: np.ndarray, *, sensitive: bool = False) -> Tensor:
+        """A constant tensor; its leading dimension is 1 and broadcasts over the batch. `sensitive` for
+        one that only fp32 holds exactly (a norm's eps is subnormal in fp16)."""
         name, staged = self.unique(source), {}
         key = self._weight(staged, name, "weight", value)
-        return self._add(OpKind.CONSTANT, source, [], ConstantAttrs(key), staged=staged, name=name)
+        return self._add(OpKind.CONSTANT, source, [], ConstantAttrs(key), staged=staged, name=name, sensitive=sensitive)
 
     def conv2d(
         self,
@@ -180,8 +181,8 @@ class GraphBuilder:
         attrs = ScaleAttrs(self._weight(staged, name, "scale", scale), self._weight(staged, name, "shift", shift), axis)
         return self._add(OpKind.SCALE, source, [x], attrs, staged=staged, name=name)
 
-    def activation(self, x: Tensor, fn: Activation, source: str) -> Tensor:
-        return self._add(OpKind.ACTIVATION, source, [x], ActivationAttrs(Activation(fn)))
+    def activation(self, x: Tensor, fn: Activation, source: str, *, sensitive: bool = False) -> Tensor:
+        return self._add(OpKind.ACTIVATION, source, [x], ActivationAttrs(Activation(fn)), sensitive=sensitive)
 
     def pool2d(
         self,

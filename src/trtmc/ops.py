@@ -75,6 +75,7 @@ class Activation(str, Enum):
     HARD_SIGMOID = "hard_sigmoid"
     SIGMOID = "sigmoid"
     TANH = "tanh"
+    SQRT = "sqrt"  # not an activation, but the one unary op a family needs (GRN's L2 norm)
 
 
 class Binary(str, Enum):

@@ -5,8 +5,8 @@ tests; the GPU machine, which has no network) the weights are random and written
 downloaded checkpoint from: `config.json` (architecture, num_classes, timm's `pretrained_cfg`) and
 `model.safetensors`. timm's own init is too forgiving for a check: every norm starts as the identity
 and the last norm of a residual block as zero, so a missed norm or a wrong eps would not move the
-logits. Here the affine parameters of every norm and the layer scales are drawn at random, and the
-batch-norm running statistics are one of two kinds (`BatchNormStatistics`): drawn at random, with
+logits. Here the affine parameters of every norm, the layer scales and the attention biases timm
+starts at zero are drawn at random, and the batch-norm running statistics are one of two kinds (`BatchNormStatistics`): drawn at random, with
 small variances so that an eps mistake shows; or calibrated, measured on noise images in training
 mode, which keeps a deep network in a trained one's range (random statistics drive GhostNet's fp16
 activations past 65504) while a wrong eps or padding still moves the logits. For checks on photos,
@@ -38,6 +38,10 @@ CALIBRATION_IMAGES = 4
 # The calibration noise is drawn with seed + this, apart from the weights' own draws (3 for seed 0: the
 # tests' checkpoints stayed the same, bit for bit, when this module replaced their own helper).
 CALIBRATION_SEED_OFFSET = 3
+# The classes given to an architecture timm registers without a classifier (num_classes 0).
+HEADLESS_CLASSES = 1000
+# Attention parameters some timm models start at zero, which would hide them from a comparison.
+_ZERO_STARTED = ("relative_position_bias_table", "q_bias", "v_bias")
 
 
 class BatchNormStatistics(enum.Enum):
@@ -66,10 +70,13 @@ def require_timm():
     return timm
 
 
-def _is_layer_norm(module) -> bool:
+def _is_affine_norm(module) -> bool:
+    """A LayerNorm of any kind, or ConvNeXt-V2's global response norm, whose zero weight and bias make
+    it the identity until they are drawn."""
     import torch
 
-    return isinstance(module, torch.nn.LayerNorm) or type(module).__name__.startswith("LayerNorm")
+    kind = type(module).__name__
+    return isinstance(module, torch.nn.LayerNorm) or kind.startswith("LayerNorm") or kind == "GlobalResponseNorm"
 
 
 def _randomize_(model, weights: RandomWeights):
@@ -86,12 +93,17 @@ def _randomize_(model, weights: RandomWeights):
                 module.running_var.copy_(torch.rand(n, generator=gen) * 0.5 + 0.02)
                 module.weight.copy_(torch.rand(n, generator=gen) * 0.5 + 0.75)
                 module.bias.copy_(torch.randn(n, generator=gen) * 0.1)
-            elif _is_layer_norm(module) and getattr(module, "weight", None) is not None:
+            elif _is_affine_norm(module) and getattr(module, "weight", None) is not None:
                 module.weight.copy_(torch.rand(module.weight.shape, generator=gen) * 0.5 + 0.75)
                 module.bias.copy_(torch.randn(module.bias.shape, generator=gen) * 0.1)
         for name, p in model.named_parameters():
-            if name.endswith("gamma") or ".ls" in name or "layer_scale" in name:
+            if name.endswith(("gamma", "gamma_1", "gamma_2")) or ".ls" in name or "layer_scale" in name:
                 p.copy_(torch.rand(p.shape, generator=gen) * 0.5 + 0.5)
+        for name, p in model.named_parameters():
+            # BEiT and EVA start their attention's relative position bias table and q / v biases at zero:
+            # drawn, a bias gathered or placed wrongly moves the logits.
+            if name.endswith(_ZERO_STARTED) and not p.any():
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
     if weights.statistics is BatchNormStatistics.CALIBRATED:
         _calibrate_batch_norm_(model, weights.seed + CALIBRATION_SEED_OFFSET)
     return model.eval()
@@ -158,6 +170,7 @@ def save_random_checkpoint(
     Hugging Face layout in `folder`, which appears complete or not at all; returns `folder`.
 
     `timm_kwargs` go to `timm.create_model` (e.g. `pretrained_cfg_overlay=dict(input_size=(3, 64, 64))`).
+    An architecture timm registers headless (num_classes 0) gets a classifier of `HEADLESS_CLASSES`.
     """
     import torch
 
@@ -167,6 +180,10 @@ def save_random_checkpoint(
         model = timm.create_model(name, pretrained=False, **timm_kwargs)
     except RuntimeError as exc:  # timm's "Unknown model"
         raise ValueError(f"{name!r} is not a timm model name ({exc}); give a timm architecture such as resnet50") from exc
+    if model.num_classes == 0 and "num_classes" not in timm_kwargs:
+        # A headless pretrained tag (DINOv2, SigLIP): written as the classifier fine-tuned from it would be,
+        # its pretrained_cfg kept, HEADLESS_CLASSES classes at the root.
+        model.reset_classifier(HEADLESS_CLASSES)
     _randomize_(model, weights)
     config = _json_config(model, model.pretrained_cfg.get("architecture", name.split(".")[0]))
     return _write_checkpoint(folder, model.state_dict(), json.dumps(config, indent=1))

@@ -48,6 +48,8 @@ _MODULES = (
     "skresnet",
     "resnest",
     "nfnet",
+    "swin",
+    "beit",
 )
 
 ArchT = TypeVar("ArchT")

@@ -144,6 +144,13 @@ class LayoutReader:
         self._bias(prefix, out, bias)
         return out
 
+    def mlp(self, prefix: str, features: int, hidden: int | None = None) -> int:
+        """timm's Mlp at `prefix`: `fc1` (features -> hidden, where the layout knows it, else the weight
+        says) and `fc2` back, both with biases; the hidden width."""
+        hidden = self.linear(f"{prefix}.fc1", features, hidden, bias=True)
+        self.linear(f"{prefix}.fc2", hidden, features, bias=True)
+        return hidden
+
     def classifier(self, prefix: str, features: int, *, bias: bool | None = None, pointwise: bool = False) -> None:
         """The final layer at `prefix`: `features` in, config.json's num_classes out; a 1x1 conv when
         `pointwise` (DPN's), else a linear."""

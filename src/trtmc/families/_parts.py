@@ -1,5 +1,6 @@
 """What several families emit alike: padding math, batch-norm reduction, weight standardization,
-conv-norm-act, SE, softmax attention over branches, linear, norms, multi-head attention.
+conv-norm-act, SE, softmax attention over branches, linear, norms, multi-head attention, relative position
+indices, the pre-norm transformer block.
 
 Each helper reads its tensors by timm module path from the checkpoint and names its nodes after
 that path, so graphs map back to the checkpoint. Reading a layout is `_layout.py`'s job.
@@ -8,7 +9,7 @@ that path, so graphs map back to the checkpoint. Reading a layout is `_layout.py
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -177,6 +178,33 @@ def image_input(g: GraphBuilder, ckpt: Checkpoint) -> Tensor:
     return g.input("pixels", (1, c, h, w))
 
 
+def embed_patches(g: GraphBuilder, ckpt: Checkpoint, prefix: str, patch: int) -> Tensor:
+    """The image as patch tokens [N, patches, width], patches row-major: timm's PatchEmbed, a patch x patch
+    convolution of stride patch at `prefix`, flattened."""
+    x = conv(g, image_input(g, ckpt), ckpt, prefix, stride=patch, padding=0)
+    x = g.reshape(x, (x.shape[1], x.shape[2] * x.shape[3]), f"{prefix}.flatten")
+    return g.transpose(x, (0, 2, 1), f"{prefix}.transpose")
+
+
+def prepend_tokens(g: GraphBuilder, x: Tensor, tokens: np.ndarray, source: str) -> Tensor:
+    """Tokens `tokens` [1, n, width] (a class token, registers) before the tokens of `x` [N, tokens, width].
+
+    A concat does not broadcast a constant over the batch, so they are made batch-sized from the first
+    token of `x`: x * 0 + tokens.
+    """
+    zeros = np.zeros(x.shape[-1], np.float32)
+    first = g.scale(g.slice(x, 1, 0, 1, f"{source}.batch"), source, zeros, zeros, axis=-1)
+    return g.concat([g.add(first, g.constant(source, tokens), f"{source}.add"), x], 1, f"{source}.cat")
+
+
+def relative_position_index(height: int, width: int) -> np.ndarray:
+    """[h*w, h*w]: for each pair of tokens (row-major) of an h x w grid, the row of a relative position
+    bias table [(2h - 1) * (2w - 1), heads] holding its offset, as Swin and BEiT number them: the row
+    offset times (2w - 1) plus the column offset, both made non-negative."""
+    rows, cols = np.divmod(np.arange(height * width), width)
+    return (rows[:, None] - rows[None, :] + height - 1) * (2 * width - 1) + (cols[:, None] - cols[None, :] + width - 1)
+
+
 def split_heads(g: GraphBuilder, qkv: Tensor, heads: int, source: str) -> tuple[Tensor, Tensor, Tensor]:
     """q, k, v as [N, heads, tokens, head_dim] from a fused projection [N, tokens, 3 * heads * head_dim]
     whose features run (q | k | v, head, head_dim), the order timm's `Attention` reshapes `qkv` in."""
@@ -222,3 +250,42 @@ def multi_head_attention(
     scale = q.shape[3] ** -0.5 if scale is None else scale
     out = g.attention(q, k, v, prefix, scale=scale, bias=bias)
     return linear(g, merge_heads(g, out, prefix), ckpt, f"{prefix}.proj")
+
+
+def layer_scaled(g: GraphBuilder, y: Tensor, ckpt: Checkpoint, gamma: str | None) -> Tensor:
+    """`y` times the per-channel layer scale `gamma` (a tensor name; None: no layer scale), on its last axis.
+
+    Kept as its own op rather than folded into the projection before it: trained gammas are small
+    (DINOv2 starts them at 1e-5), and gamma * weight would push fp16 weights into the subnormal range.
+    The node is named after the module (`blocks.0.ls1`) or, where the gamma is a bare parameter, after it
+    (`blocks.0.gamma_1`).
+    """
+    if gamma is None:
+        return y
+    value = ckpt.tensor(gamma)
+    return g.scale(y, gamma.removesuffix(".gamma"), value, np.zeros_like(value), axis=-1)
+
+
+def transformer_block(
+    g: GraphBuilder,
+    x: Tensor,
+    ckpt: Checkpoint,
+    prefix: str,
+    attention: Callable[[Tensor], Tensor],
+    *,
+    eps: float,
+    act: Activation,
+    gammas: tuple[str, str] | None = None,
+) -> Tensor:
+    """timm's pre-norm transformer block at `prefix` over tokens `x` [N, ..., width]: x + ls1(attention(
+    norm1(x))), then x + ls2(mlp(norm2(x))), the MLP `mlp.fc1`, `act`, `mlp.fc2`.
+
+    `attention` maps the normalized tokens to the attention branch (a family's own: windows, biases);
+    `gammas` names the two layer scales, or None where the block has none.
+    """
+    ls1, ls2 = gammas or (None, None)
+    y = attention(layer_norm(g, x, ckpt, f"{prefix}.norm1", eps))
+    x = g.add(x, layer_scaled(g, y, ckpt, ls1), f"{prefix}.residual1")
+    y = linear(g, layer_norm(g, x, ckpt, f"{prefix}.norm2", eps), ckpt, f"{prefix}.mlp.fc1")
+    y = linear(g, g.activation(y, act, f"{prefix}.mlp.act"), ckpt, f"{prefix}.mlp.fc2")
+    return g.add(x, layer_scaled(g, y, ckpt, ls2), f"{prefix}.residual2")

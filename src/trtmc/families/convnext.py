@@ -1,8 +1,11 @@
-"""ConvNeXt (Liu et al., "A ConvNet for the 2020s", https://arxiv.org/abs/2201.03545) as timm builds it.
+"""ConvNeXt (Liu et al., "A ConvNet for the 2020s", https://arxiv.org/abs/2201.03545) and ConvNeXt V2
+(Woo et al., https://arxiv.org/abs/2301.00808: global response normalization in the MLP, no layer scale)
+as timm builds them.
 
 It reads `stem.{0,1}`, `stages.<i>.downsample.{0,1}`, `stages.<i>.blocks.<j>.{conv_dw, norm, mlp.fc1,
-mlp.fc2, gamma}` and `head.{norm, fc}`; widths, depths, kernel sizes, the patch size and whether the MLP
-is stored as 1x1 convolutions (atto, nano) or as linears (tiny, small) all come from their shapes.
+mlp.grn, mlp.fc2, gamma}` and `head.{norm, fc}`; widths, depths, kernel sizes, the patch size, whether the
+MLP is stored as 1x1 convolutions (atto, nano) or as linears (tiny, small), and whether a block has layer
+scale (V1) or a GRN (V2) all come from their names and shapes.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..checkpoint import Checkpoint, CheckpointError
-from ..graph import Activation
+from ..graph import Activation, Binary, Reduction
 from ..graph_builder import GraphBuilder, Tensor
 from . import Family
 from ._layout import LayoutReader, indexed_blocks
@@ -28,6 +31,8 @@ class ConvNeXtConfig:
     norm_eps: float = 1e-6
     # The block MLPs use nn.GELU: the exact erf form, not the tanh approximation.
     act: Activation = Activation.GELU
+    # V2's GlobalResponseNorm divides by the channels' mean L2 norm plus its default eps, 1e-6.
+    grn_eps: float = 1e-6
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,7 @@ class BlockSpec:
     prefix: str  # stages.<i>.blocks.<j>
     hidden: int  # MLP width
     layer_scale: bool  # a per-channel `gamma` multiplies the branch before the residual sum
+    grn: bool  # V2: a global response norm between the MLP's activation and fc2
 
 
 @dataclass(frozen=True)
@@ -69,7 +75,11 @@ def _block(read: LayoutReader, prefix: str, width: int) -> BlockSpec:
     layer_scale = f"{prefix}.gamma" in read
     if layer_scale:
         read.tensor(f"{prefix}.gamma", (width,))
-    return BlockSpec(prefix, hidden, layer_scale)
+    grn = f"{prefix}.mlp.grn.weight" in read
+    if grn:
+        read.tensor(f"{prefix}.mlp.grn.weight", (hidden,))
+        read.tensor(f"{prefix}.mlp.grn.bias", (hidden,))
+    return BlockSpec(prefix, hidden, layer_scale, grn)
 
 
 def _stage(read: LayoutReader, prefix: str, depth: int, width_in: int) -> StageSpec:
@@ -117,6 +127,24 @@ def _pointwise(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str) -> Ten
     return g.conv2d(x, prefix, weight.reshape(*weight.shape[:2], 1, 1), ckpt.tensor(f"{prefix}.bias"))
 
 
+def _global_response_norm(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str, eps: float) -> Tensor:
+    """timm's GlobalResponseNorm on an NCHW map: x + weight * (x * Nx) + bias, where Nx = Gx / (mean over
+    channels of Gx + eps) and Gx is each channel's L2 norm over H and W.
+
+    The statistics are sensitive like a norm's: a 56x56 sum of squares passes fp16's largest value
+    (65504) while the activations are still small.
+    """
+    squares = g.binary(x, x, Binary.MUL, f"{prefix}.square", sensitive=True)
+    gx = g.reduce(squares, f"{prefix}.sum", Reduction.SUM, (2, 3), keepdim=True, sensitive=True)
+    gx = g.activation(gx, Activation.SQRT, f"{prefix}.sqrt", sensitive=True)
+    mean = g.reduce(gx, f"{prefix}.mean", Reduction.MEAN, (1,), keepdim=True, sensitive=True)
+    eps_ = g.constant(f"{prefix}.eps", np.full((1, 1, 1, 1), eps), sensitive=True)
+    mean = g.binary(mean, eps_, Binary.ADD, f"{prefix}.mean_eps", sensitive=True)
+    nx = g.binary(gx, mean, Binary.DIV, f"{prefix}.div", sensitive=True)
+    y = g.scale(g.mul(x, nx, f"{prefix}.mul"), prefix, ckpt.tensor(f"{prefix}.weight"), ckpt.tensor(f"{prefix}.bias"))
+    return g.add(y, x, f"{prefix}.add")
+
+
 def _emit_block(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, block: BlockSpec, arch: ConvNeXtConfig) -> Tensor:
     # The whole block stays NCHW: the norm reduces over axis 1 and the MLP runs as 1x1 convolutions,
     # so the linear variants need none of timm's two permutes per block.
@@ -125,6 +153,8 @@ def _emit_block(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, block: BlockSpec, 
     y = layer_norm(g, y, ckpt, f"{p}.norm", arch.norm_eps, axis=1)
     y = _pointwise(g, y, ckpt, f"{p}.mlp.fc1")
     y = g.activation(y, arch.act, f"{p}.mlp.act")
+    if block.grn:
+        y = _global_response_norm(g, y, ckpt, f"{p}.mlp.grn", arch.grn_eps)
     y = _pointwise(g, y, ckpt, f"{p}.mlp.fc2")
     if block.layer_scale:
         # Kept as its own op rather than folded into fc2: trained gammas are small, and gamma * fc2
@@ -153,12 +183,16 @@ def emit(g: GraphBuilder, ckpt: Checkpoint, layout: Layout, arch: ConvNeXtConfig
 
 FAMILY = Family(
     name="convnext",
-    summary="ConvNeXt: patchify stem, depthwise 7x7 + LayerNorm + GELU MLP blocks with layer scale",
+    summary="ConvNeXt / ConvNeXt V2: patchify stem, depthwise 7x7 + LayerNorm + GELU MLP blocks with layer "
+    "scale (V1) or global response norm (V2)",
     architectures={
         "convnext_atto": ConvNeXtConfig(),
         "convnext_nano": ConvNeXtConfig(),
         "convnext_tiny": ConvNeXtConfig(),
         "convnext_small": ConvNeXtConfig(),
+        "convnextv2_atto": ConvNeXtConfig(),
+        "convnextv2_nano": ConvNeXtConfig(),
+        "convnextv2_tiny": ConvNeXtConfig(),
     },
     derive_layout=derive_layout,
     emit=emit,

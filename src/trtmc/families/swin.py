@@ -1,0 +1,261 @@
+"""Swin Transformer (Liu et al., https://arxiv.org/abs/2103.14030) as timm's `swin_transformer` builds it:
+window attention with a relative position bias, shifted windows every other block, patch merging.
+
+It reads `patch_embed.{proj, norm}`, `layers.<i>.downsample.{norm, reduction}`, `layers.<i>.blocks.<j>.
+{norm1, attn.relative_position_bias_table, attn.qkv, attn.proj, norm2, mlp.fc1, mlp.fc2}`, `norm` and
+`head.fc`; widths, depths, MLP widths, each stage's window and head count (the bias table is
+(2 * window - 1)^2 x heads) come from their shapes, and the shifts from the windows and the input size.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+
+from ..checkpoint import Checkpoint, CheckpointError
+from ..graph import Activation, Reduction
+from ..graph_builder import GraphBuilder, Tensor
+from . import Family, UnsupportedModel
+from ._layout import LayoutReader, indexed_blocks
+from ._parts import conv, image_input, layer_norm, linear, relative_position_index, transformer_block
+
+_BLOCK = r"^layers\.(\d+)\.blocks\.(\d+)\."
+# Shifted-window attention masks pairs of tokens from different image regions with this bias, not
+# -inf (timm's get_attn_mask): exp(-100) is 0 in every precision, and no row is ever all masked.
+_MASKED = -100.0
+
+
+@dataclass(frozen=True)
+class SwinConfig:
+    # timm's SwinTransformer takes nn.LayerNorm itself: torch's eps 1e-5, in every norm.
+    norm_eps: float = 1e-5
+    # The MLP uses nn.GELU, the exact erf form.
+    act: Activation = Activation.GELU
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    prefix: str  # layers.<i>
+    width: int
+    resolution: tuple[int, int]  # the token grid the stage's blocks see
+    window: int  # its attention windows are window x window tokens
+    heads: int
+    hidden: int  # MLP width
+    depth: int
+    merges: bool  # PatchMerging first: 2x2 neighbours concatenated, normalized, projected
+
+    @property
+    def shift(self) -> tuple[int, int]:
+        """How far every other block rolls the grid along H and W: half a window, except along an axis
+        one window covers (timm's _calc_window_shift)."""
+        return tuple(self.window // 2 if self.window < size else 0 for size in self.resolution)  # type: ignore[return-value]
+
+    @property
+    def tokens(self) -> int:
+        return self.window * self.window
+
+
+@dataclass(frozen=True)
+class Layout:
+    patch: int
+    stages: tuple[StageSpec, ...]
+
+
+def _window(read: LayoutReader, prefix: str, resolution: tuple[int, int]) -> tuple[int, int]:
+    """The window and head count a stage's relative position bias table [(2w - 1)^2, heads] holds."""
+    name = f"{prefix}.blocks.0.attn.relative_position_bias_table"
+    rows, heads = read.shape(name, rank=2)
+    side = (round(rows**0.5) + 1) // 2
+    if (2 * side - 1) ** 2 != rows:
+        raise CheckpointError(f"{read.arch}: {name} has {rows} rows, not (2 * window - 1)^2 for a square window")
+    if any(r % side for r in resolution):
+        raise UnsupportedModel(
+            f"{read.arch}: {prefix} sees a {resolution[0]}x{resolution[1]} token grid that {side}x{side} windows "
+            "do not tile; trtmc does not pad windows"
+        )
+    return side, heads
+
+
+def _stage(read: LayoutReader, prefix: str, depth: int, width_in: int, resolution: tuple[int, int], first: bool) -> StageSpec:
+    merges = not first
+    width = width_in
+    if merges:
+        read.layer_norm(f"{prefix}.downsample.norm", 4 * width_in)
+        width = read.linear(f"{prefix}.downsample.reduction", 4 * width_in, bias=False)
+        resolution = (resolution[0] // 2, resolution[1] // 2)
+    window, heads = _window(read, prefix, resolution)
+    if width % heads:
+        raise CheckpointError(f"{read.arch}: {prefix} is {width} wide, which does not split into {heads} heads")
+    hidden = read.shape(f"{prefix}.blocks.0.mlp.fc1.weight", rank=2)[0]
+    for j in range(depth):
+        p = f"{prefix}.blocks.{j}"
+        read.layer_norm(f"{p}.norm1", width)
+        read.tensor(f"{p}.attn.relative_position_bias_table", ((2 * window - 1) ** 2, heads))
+        read.linear(f"{p}.attn.qkv", width, 3 * width, bias=True)
+        read.linear(f"{p}.attn.proj", width, width, bias=True)
+        read.layer_norm(f"{p}.norm2", width)
+        read.mlp(f"{p}.mlp", width, hidden)
+    return StageSpec(prefix, width, resolution, window, heads, hidden, depth, merges)
+
+
+def derive_layout(ckpt: Checkpoint, arch: SwinConfig) -> Layout:
+    """Stages and blocks from the key names; widths, windows and heads from the shapes."""
+    read = LayoutReader(ckpt)
+    in_chans, height, width_px = ckpt.config.pretrained.input_size
+    width, _, patch, patch_w = read.shape("patch_embed.proj.weight", rank=4, dims={1: in_chans})
+    if patch != patch_w or height % patch or width_px % patch:
+        raise UnsupportedModel(
+            f"{read.arch}: patch_embed.proj.weight {(width, in_chans, patch, patch_w)} does not tile the "
+            f"{height}x{width_px} input into square patches"
+        )
+    read.conv("patch_embed.proj", in_chans, bias=True)
+    read.layer_norm("patch_embed.norm", width)
+    indices = indexed_blocks(ckpt, _BLOCK)
+    if not indices:
+        raise CheckpointError(f"{read.arch}: no layers.<i>.blocks.<j> tensors; not a Swin Transformer checkpoint")
+    depths = Counter(stage for stage, _ in indices)
+    stages, resolution = [], (height // patch, width_px // patch)
+    for i in sorted(depths):
+        stages.append(_stage(read, f"layers.{i}", depths[i], width, resolution, first=not stages))
+        width, resolution = stages[-1].width, stages[-1].resolution
+    read.layer_norm("norm", width)
+    read.classifier("head.fc", width, bias=True)
+    read.finish()
+    return Layout(patch, tuple(stages))
+
+
+def relative_position_bias(table: np.ndarray, window: int) -> np.ndarray:
+    """[heads, w*w, w*w]: the table's entry for each pair of tokens of a window, by their offset."""
+    return np.ascontiguousarray(table[relative_position_index(window, window)].transpose(2, 0, 1))
+
+
+def shifted_window_mask(resolution: tuple[int, int], window: int, shift: tuple[int, int]) -> np.ndarray:
+    """[windows, w*w, w*w]: 0 where two tokens of a shifted window come from the same image region, else
+    _MASKED (timm's get_attn_mask: after the roll, the last window of a row or column joins pixels
+    from opposite edges)."""
+    height, width = resolution
+    regions = np.zeros(resolution)
+    rows, cols = (((0, -window), (-window, -s), (-s, None)) for s in shift)  # an unshifted axis is one region
+    for i, (top, bottom) in enumerate(rows):
+        for j, (left, right) in enumerate(cols):
+            regions[top:bottom, left:right] = 3 * i + j
+    windows = regions.reshape(height // window, window, width // window, window).transpose(0, 2, 1, 3)
+    windows = windows.reshape(-1, window * window)
+    return np.where(windows[:, None, :] != windows[:, :, None], _MASKED, 0.0).astype(np.float32)
+
+
+def _attention_bias(ckpt: Checkpoint, prefix: str, stage: StageSpec, shift: tuple[int, int]) -> np.ndarray:
+    """[1, windows * heads, w*w, w*w], window-major: the relative position bias of every head, plus the
+    shifted-window mask of every window, summed in float32 as timm sums them."""
+    bias = relative_position_bias(ckpt.tensor(f"{prefix}.relative_position_bias_table"), stage.window)
+    windows = (stage.resolution[0] // stage.window) * (stage.resolution[1] // stage.window)
+    bias = np.repeat(bias[None], windows, axis=0)
+    if any(shift):
+        bias = bias + shifted_window_mask(stage.resolution, stage.window, shift)[:, None]
+    return bias.reshape(1, -1, stage.tokens, stage.tokens)
+
+
+def _roll(g: GraphBuilder, x: Tensor, shift: tuple[int, int], source: str) -> Tensor:
+    """torch.roll(x, shift, dims=(1, 2)) on [N, H, W, C], as two slices and a concat per rolled axis."""
+    for axis, by in zip((1, 2), shift):
+        if not by:
+            continue
+        size = x.shape[axis]
+        cut = (size - by) % size
+        head, tail = g.slice(x, axis, cut, size, f"{source}.roll"), g.slice(x, axis, 0, cut, f"{source}.roll")
+        x = g.concat([head, tail], axis, f"{source}.roll")
+    return x
+
+
+def _partition(g: GraphBuilder, x: Tensor, window: int, source: str) -> Tensor:
+    """[N, H, W, C] -> [N, windows, w*w, C], windows row-major: timm's window_partition, batch kept first."""
+    _, height, width, channels = x.shape
+    x = g.reshape(x, (height // window, window, width // window, window, channels), f"{source}.partition")
+    x = g.transpose(x, (0, 1, 3, 2, 4, 5), f"{source}.partition")
+    return g.reshape(x, ((height // window) * (width // window), window * window, channels), f"{source}.partition")
+
+
+def _reverse(g: GraphBuilder, x: Tensor, resolution: tuple[int, int], window: int, source: str) -> Tensor:
+    """[N, windows, w*w, C] -> [N, H, W, C]: timm's window_reverse."""
+    height, width = resolution
+    channels = x.shape[-1]
+    x = g.reshape(x, (height // window, width // window, window, window, channels), f"{source}.reverse")
+    x = g.transpose(x, (0, 1, 3, 2, 4, 5), f"{source}.reverse")
+    return g.reshape(x, (height, width, channels), f"{source}.reverse")
+
+
+def _window_attention(
+    g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str, stage: StageSpec, shift: tuple[int, int]
+) -> Tensor:
+    """timm's WindowAttention over windows [N, windows, w*w, C], one ATTENTION op for all of them: the
+    windows and heads share its second axis, window-major, and the bias holds each pair's share."""
+    _, windows, tokens, channels = x.shape
+    heads, head_dim = stage.heads, channels // stage.heads
+    qkv = linear(g, x, ckpt, f"{prefix}.qkv")
+    qkv = g.reshape(qkv, (windows, tokens, 3 * heads, head_dim), f"{prefix}.split_heads")
+    qkv = g.transpose(qkv, (0, 1, 3, 2, 4), f"{prefix}.split_heads")  # [N, windows, (q|k|v, head), w*w, d]
+    q, k, v = (
+        g.reshape(g.slice(qkv, 2, i * heads, (i + 1) * heads, f"{prefix}.{part}"), (windows * heads, tokens, head_dim), f"{prefix}.{part}")
+        for i, part in enumerate("qkv")
+    )
+    out = g.attention(q, k, v, prefix, scale=head_dim**-0.5, bias=_attention_bias(ckpt, prefix, stage, shift))
+    out = g.reshape(out, (windows, heads, tokens, head_dim), f"{prefix}.merge_heads")
+    out = g.transpose(out, (0, 1, 3, 2, 4), f"{prefix}.merge_heads")
+    out = g.reshape(out, (windows, tokens, channels), f"{prefix}.merge_heads")
+    return linear(g, out, ckpt, f"{prefix}.proj")
+
+
+def _shifted_window_attention(
+    g: GraphBuilder, y: Tensor, ckpt: Checkpoint, prefix: str, stage: StageSpec, shift: tuple[int, int]
+) -> Tensor:
+    """The attention branch of a block over normalized tokens [N, H, W, C]: roll, partition, attend,
+    reverse, roll back (timm's SwinTransformerBlock._attn)."""
+    if any(shift):
+        y = _roll(g, y, (-shift[0], -shift[1]), f"{prefix}.shift")
+    y = _window_attention(g, _partition(g, y, stage.window, prefix), ckpt, f"{prefix}.attn", stage, shift)
+    y = _reverse(g, y, stage.resolution, stage.window, prefix)
+    return _roll(g, y, shift, f"{prefix}.unshift") if any(shift) else y
+
+
+def _merge_patches(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str, arch: SwinConfig) -> Tensor:
+    """timm's PatchMerging on [N, H, W, C]: each 2x2 neighbourhood's features, column offset outer and row
+    offset inner, concatenated to 4C, normalized and projected."""
+    _, height, width, channels = x.shape
+    x = g.reshape(x, (height // 2, 2, width // 2, 2, channels), f"{prefix}.merge")
+    x = g.transpose(x, (0, 1, 3, 4, 2, 5), f"{prefix}.merge")
+    x = g.reshape(x, (height // 2, width // 2, 4 * channels), f"{prefix}.merge")
+    x = layer_norm(g, x, ckpt, f"{prefix}.norm", arch.norm_eps)
+    return linear(g, x, ckpt, f"{prefix}.reduction")
+
+
+def emit(g: GraphBuilder, ckpt: Checkpoint, layout: Layout, arch: SwinConfig) -> Tensor:
+    x = image_input(g, ckpt)
+    x = conv(g, x, ckpt, "patch_embed.proj", stride=layout.patch, padding=0)
+    x = g.transpose(x, (0, 2, 3, 1), "patch_embed.nhwc")  # timm's Swin works on [N, H, W, C] tokens
+    x = layer_norm(g, x, ckpt, "patch_embed.norm", arch.norm_eps)
+    for stage in layout.stages:
+        if stage.merges:
+            x = _merge_patches(g, x, ckpt, f"{stage.prefix}.downsample", arch)
+        for j in range(stage.depth):
+            prefix, shift = f"{stage.prefix}.blocks.{j}", stage.shift if j % 2 else (0, 0)
+            attend = partial(_shifted_window_attention, g, ckpt=ckpt, prefix=prefix, stage=stage, shift=shift)
+            x = transformer_block(g, x, ckpt, prefix, attend, eps=arch.norm_eps, act=arch.act)
+    x = layer_norm(g, x, ckpt, "norm", arch.norm_eps)
+    x = g.reduce(x, "head.global_pool", Reduction.MEAN, (1, 2), keepdim=False)
+    return linear(g, x, ckpt, "head.fc")
+
+
+FAMILY = Family(
+    name="swin",
+    summary="Swin Transformer: shifted-window attention with relative position bias, patch merging",
+    architectures={
+        "swin_tiny_patch4_window7_224": SwinConfig(),
+        # Swin-S3 (searched windows 7, 7, 14, 7): the third stage's 14x14 window covers its whole grid.
+        "swin_s3_tiny_224": SwinConfig(),
+    },
+    derive_layout=derive_layout,
+    emit=emit,
+)
