@@ -52,6 +52,7 @@ class Activation(str, Enum):
     HARD_SIGMOID = "hard_sigmoid"
     SIGMOID = "sigmoid"
     TANH = "tanh"
+    LEAKY_RELU = "leaky_relu"  # max(x, 0) + negative_slope * min(x, 0), as torch's F.leaky_relu
 
 
 class Binary(str, Enum):
@@ -109,6 +110,7 @@ class ScaleAttrs:
 @dataclass(frozen=True)
 class ActivationAttrs:
     fn: Activation
+    negative_slope: float | None = None  # LEAKY_RELU's slope below zero; None for every other function
 
 
 @dataclass(frozen=True)

@@ -213,6 +213,8 @@ def _one_activation(lw, x, fn: Activation, role: str | None = None):
 @lowering(OpKind.ACTIVATION)
 def _activation(lw, node, args):
     fn = node.attrs.fn
+    if fn is Activation.LEAKY_RELU:  # TensorRT's LEAKY_RELU: x >= 0 ? x : alpha * x
+        return lw.activation(args[0], "LEAKY_RELU", alpha=node.attrs.negative_slope)
     if fn in _GATED:
         return lw.binary(args[0], _one_activation(lw, args[0], _GATED[fn], "gate"), "PROD")
     return _one_activation(lw, args[0], fn)
