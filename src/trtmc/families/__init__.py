@@ -31,6 +31,7 @@ _MODULES = (
     "convnext",
     "vit",
     "efficientvit",
+    "densenet",
 )
 
 ArchT = TypeVar("ArchT")
