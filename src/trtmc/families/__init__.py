@@ -32,6 +32,7 @@ _MODULES = (
     "vit",
     "efficientvit",
     "densenet",
+    "inception_v3",
 )
 
 ArchT = TypeVar("ArchT")
