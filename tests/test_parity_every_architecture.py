@@ -75,6 +75,8 @@ PHOTO_CHECKS = {
     "densenet": PhotoCheck("densenet121", {"fp16": 1e-4, "bf16": 1e-3}, input_size=128),
     # Measured: fp16 1.1e-9, bf16 4.0e-7 (timm's own bf16 model: 1.5e-6).
     "inception_v3": PhotoCheck("inception_v3", {"fp16": 1e-4, "bf16": 1e-3}),
+    # timm's own model cast to bf16 reaches KL 6.3e-3 here; trtmc's bf16 graph 3.5e-3 (fp16: 1.6e-5).
+    "xception": PhotoCheck("xception41", {"fp16": 1e-4, "bf16": 2e-2}),
 }
 
 

@@ -28,6 +28,7 @@ MISSING_TENSOR = {
     "efficientvit": ("efficientvit_b0", "stages.3.blocks.1.context_module.main.proj.norm.running_var"),
     "densenet": ("densenet121", "features.denseblock3.denselayer17.norm2.running_var"),
     "inception_v3": ("inception_v3", "Mixed_6c.branch7x7dbl_4.bn.running_var"),
+    "xception": ("xception41", "blocks.7.stack.conv2.bn_dw.running_var"),
 }
 
 

@@ -33,6 +33,7 @@ _MODULES = (
     "efficientvit",
     "densenet",
     "inception_v3",
+    "xception",
 )
 
 ArchT = TypeVar("ArchT")
