@@ -29,6 +29,7 @@ MISSING_TENSOR = {
     "densenet": ("densenet121", "features.denseblock3.denselayer17.norm2.running_var"),
     "inception_v3": ("inception_v3", "Mixed_6c.branch7x7dbl_4.bn.running_var"),
     "xception": ("xception41", "blocks.7.stack.conv2.bn_dw.running_var"),
+    "cspnet": ("cspresnext50", "stages.2.blocks.3.conv2.bn.running_var"),
 }
 
 

@@ -34,6 +34,7 @@ _MODULES = (
     "densenet",
     "inception_v3",
     "xception",
+    "cspnet",
 )
 
 ArchT = TypeVar("ArchT")
