@@ -40,11 +40,13 @@ TIMMS_OWN_FP32_ALLOWANCE = {"resnet101": 1.5}
 @dataclass(frozen=True)
 class PhotoCheck:
     """A family's smallest architecture, its bounds on mean KL(timm fp32 || trtmc) per precision,
-    and the photos' size where it is not the checkpoint's own."""
+    the photos' size where it is not the checkpoint's own, and how many photos may flip where timm's
+    own margin is a tie at that precision (support.TIE_MARGIN)."""
 
     arch: str
     max_kl: dict[str, float]
     input_size: int | None = None
+    near_ties: int = 0
 
 
 # Each check runs on a photo-calibrated copy of the random checkpoint (support.save_photo_calibrated_
@@ -79,6 +81,13 @@ PHOTO_CHECKS = {
     "xception": PhotoCheck("xception41", {"fp16": 1e-4, "bf16": 2e-2}),
     # At 128 px: timm's own bf16 reaches 2.2e-3, trtmc's bf16 graph 1.4e-3 (fp16: 8.9e-6).
     "cspnet": PhotoCheck("cspresnext50", {"fp16": 1e-4, "bf16": 1e-2}, input_size=128),
+    # Deep plain ReLU stacks with random weights give nearly the same features for every photo: the
+    # photo-calibrated classifier leaves 9 of the 22 photos (RepVGG) and 5 (MobileOne) with margins
+    # below bf16's tie margin, 0 below fp16's. Those may flip in bf16, and only those. Measured: repvgg_a0
+    # bf16 KL 1.2e-3 flipping 3 ties (timm's own bf16 model: 9.8e-4, 3 ties, two the same); mobileone_s1 bf16 KL
+    # 1.5e-2 flipping 1 tie (timm's own: 3.8e-2, none). fp16: 1.5e-5 and 7.4e-5, no flips.
+    "repvgg": PhotoCheck("repvgg_a0", {"fp16": 1e-4, "bf16": 1e-2}, near_ties=9),
+    "mobileone": PhotoCheck("mobileone_s1", {"fp16": 1e-3, "bf16": 5e-2}, near_ties=5),
 }
 
 
@@ -126,4 +135,4 @@ def test_smallest_model_keeps_timms_top1_on_every_photo_in_fp16_and_bf16(family,
     report = check_parity(save_photo_calibrated_checkpoint(folder, tmp_path / "photo-calibrated"))
     record_property("parity", report)
     assert report["fp32_rel_err"] <= FP32_BOUND, report
-    assert_keeps_top1(report, check.max_kl)
+    assert_keeps_top1(report, check.max_kl, near_ties=check.near_ties)

@@ -30,6 +30,8 @@ MISSING_TENSOR = {
     "inception_v3": ("inception_v3", "Mixed_6c.branch7x7dbl_4.bn.running_var"),
     "xception": ("xception41", "blocks.7.stack.conv2.bn_dw.running_var"),
     "cspnet": ("cspresnext50", "stages.2.blocks.3.conv2.bn.running_var"),
+    "repvgg": ("repvgg_a0", "stages.2.9.identity.running_var"),
+    "mobileone": ("mobileone_s1", "stages.2.6.conv_scale.bn.running_var"),
 }
 
 

@@ -35,6 +35,8 @@ _MODULES = (
     "inception_v3",
     "xception",
     "cspnet",
+    "repvgg",
+    "mobileone",
 )
 
 ArchT = TypeVar("ArchT")
