@@ -42,6 +42,12 @@ MISSING_TENSOR = {
     "nfnet": ("eca_nfnet_l0", "stages.2.3.conv2b.gain"),
     "swin": ("swin_tiny_patch4_window7_224", "layers.2.blocks.4.norm2.bias"),
     "beit": ("beit_base_patch16_224", "blocks.7.norm2.bias"),
+    "densenet": ("densenet121", "features.denseblock3.denselayer17.norm2.running_var"),
+    "inception_v3": ("inception_v3", "Mixed_6c.branch7x7dbl_4.bn.running_var"),
+    "xception": ("xception41", "blocks.7.stack.conv2.bn_dw.running_var"),
+    "cspnet": ("cspresnext50", "stages.2.blocks.3.conv2.bn.running_var"),
+    "repvgg": ("repvgg_a0", "stages.2.9.identity.running_var"),
+    "mobileone": ("mobileone_s1", "stages.2.6.conv_scale.bn.running_var"),
 }
 
 

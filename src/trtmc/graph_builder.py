@@ -181,8 +181,15 @@ class GraphBuilder:
         attrs = ScaleAttrs(self._weight(staged, name, "scale", scale), self._weight(staged, name, "shift", shift), axis)
         return self._add(OpKind.SCALE, source, [x], attrs, staged=staged, name=name)
 
-    def activation(self, x: Tensor, fn: Activation, source: str, *, sensitive: bool = False) -> Tensor:
-        return self._add(OpKind.ACTIVATION, source, [x], ActivationAttrs(Activation(fn)), sensitive=sensitive)
+    def activation(
+        self, x: Tensor, fn: Activation, source: str, *, sensitive: bool = False, negative_slope: float | None = None
+    ) -> Tensor:
+        """`fn` applied elementwise; LEAKY_RELU takes `negative_slope` (torch's default 0.01 when not given)."""
+        fn = Activation(fn)
+        if fn is Activation.LEAKY_RELU and negative_slope is None:
+            negative_slope = 0.01
+        slope = None if negative_slope is None else float(negative_slope)
+        return self._add(OpKind.ACTIVATION, source, [x], ActivationAttrs(fn, slope), sensitive=sensitive)
 
     def pool2d(
         self,

@@ -76,6 +76,7 @@ class Activation(str, Enum):
     SIGMOID = "sigmoid"
     TANH = "tanh"
     SQRT = "sqrt"  # not an activation, but the one unary op a family needs (GRN's L2 norm)
+    LEAKY_RELU = "leaky_relu"  # max(x, 0) + negative_slope * min(x, 0), as torch's F.leaky_relu
 
 
 class Binary(str, Enum):
@@ -133,6 +134,7 @@ class ScaleAttrs:
 @dataclass(frozen=True)
 class ActivationAttrs:
     fn: Activation
+    negative_slope: float | None = None  # LEAKY_RELU's slope below zero; None for every other function
 
 
 @dataclass(frozen=True)

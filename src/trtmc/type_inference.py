@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from .ops import GraphError, Node, OpKind, TensorType
+from .ops import Activation, GraphError, Node, OpKind, TensorType
 from .precision import DType, precision_of
 
 
@@ -226,6 +226,10 @@ def _scale(a, site: Site):
 
 @rule(OpKind.ACTIVATION)
 def _activation(a, site: Site):
+    if a.fn is Activation.LEAKY_RELU and a.negative_slope is None:
+        raise GraphError(f"activation {site.name!r}: leaky_relu needs a negative_slope")
+    if a.fn is not Activation.LEAKY_RELU and a.negative_slope is not None:
+        raise GraphError(f"activation {site.name!r}: {a.fn.value} takes no negative_slope (got {a.negative_slope})")
     return site.x.shape
 
 

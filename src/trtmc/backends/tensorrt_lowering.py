@@ -208,6 +208,8 @@ def _one_activation(lw, x, fn: Activation, role: str | None = None):
 @lowering(OpKind.ACTIVATION)
 def _activation(lw, node, args):
     fn = node.attrs.fn
+    if fn is Activation.LEAKY_RELU:  # TensorRT's LEAKY_RELU: x >= 0 ? x : alpha * x
+        return lw.activation(args[0], "LEAKY_RELU", alpha=node.attrs.negative_slope)
     if fn in _UNARY:
         return lw.out(lw.network.add_unary(args[0], getattr(trt.UnaryOperation, _UNARY[fn])))
     if fn in _GATED:

@@ -90,6 +90,8 @@ _ACTIVATIONS: dict[Activation, Callable[[torch.Tensor], torch.Tensor]] = {
 
 @lowering(OpKind.ACTIVATION)
 def _activation(node, args, w):
+    if node.attrs.fn is Activation.LEAKY_RELU:
+        return F.leaky_relu(args[0], node.attrs.negative_slope)
     return _ACTIVATIONS[node.attrs.fn](args[0])
 
 

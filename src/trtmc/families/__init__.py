@@ -50,6 +50,12 @@ _MODULES = (
     "nfnet",
     "swin",
     "beit",
+    "densenet",
+    "inception_v3",
+    "xception",
+    "cspnet",
+    "repvgg",
+    "mobileone",
 )
 
 ArchT = TypeVar("ArchT")
