@@ -26,6 +26,7 @@ MISSING_TENSOR = {
     "convnext": ("convnext_atto", "stages.2.blocks.3.norm.bias"),
     "vit": ("vit_tiny_patch16_224", "blocks.7.norm2.bias"),
     "efficientvit": ("efficientvit_b0", "stages.3.blocks.1.context_module.main.proj.norm.running_var"),
+    "levit": ("levit_128s", "stages.1.blocks.2.mlp.ln2.bn.running_var"),
 }
 
 

@@ -31,6 +31,7 @@ _MODULES = (
     "convnext",
     "vit",
     "efficientvit",
+    "levit",
 )
 
 ArchT = TypeVar("ArchT")
