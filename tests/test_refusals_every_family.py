@@ -27,6 +27,7 @@ MISSING_TENSOR = {
     "vit": ("vit_tiny_patch16_224", "blocks.7.norm2.bias"),
     "efficientvit": ("efficientvit_b0", "stages.3.blocks.1.context_module.main.proj.norm.running_var"),
     "levit": ("levit_128s", "stages.1.blocks.2.mlp.ln2.bn.running_var"),
+    "efficientformer": ("efficientformer_l1", "stages.2.blocks.4.mlp.norm2.running_var"),
 }
 
 

@@ -32,6 +32,7 @@ _MODULES = (
     "vit",
     "efficientvit",
     "levit",
+    "efficientformer",
 )
 
 ArchT = TypeVar("ArchT")
