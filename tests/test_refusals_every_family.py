@@ -28,6 +28,7 @@ MISSING_TENSOR = {
     "efficientvit": ("efficientvit_b0", "stages.3.blocks.1.context_module.main.proj.norm.running_var"),
     "levit": ("levit_128s", "stages.1.blocks.2.mlp.ln2.bn.running_var"),
     "efficientformer": ("efficientformer_l1", "stages.2.blocks.4.mlp.norm2.running_var"),
+    "mobilevit": ("mobilevit_xxs", "stages.3.1.transformer.2.norm2.bias"),
 }
 
 

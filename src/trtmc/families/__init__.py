@@ -33,6 +33,7 @@ _MODULES = (
     "efficientvit",
     "levit",
     "efficientformer",
+    "mobilevit",
 )
 
 ArchT = TypeVar("ArchT")
