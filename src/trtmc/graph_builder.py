@@ -179,8 +179,8 @@ class GraphBuilder:
         attrs = ScaleAttrs(self._weight(staged, name, "scale", scale), self._weight(staged, name, "shift", shift), axis)
         return self._add(OpKind.SCALE, source, [x], attrs, staged=staged, name=name)
 
-    def activation(self, x: Tensor, fn: Activation, source: str) -> Tensor:
-        return self._add(OpKind.ACTIVATION, source, [x], ActivationAttrs(Activation(fn)))
+    def activation(self, x: Tensor, fn: Activation, source: str, *, sensitive: bool = False) -> Tensor:
+        return self._add(OpKind.ACTIVATION, source, [x], ActivationAttrs(Activation(fn)), sensitive=sensitive)
 
     def pool2d(
         self,

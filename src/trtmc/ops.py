@@ -73,6 +73,7 @@ class Activation(str, Enum):
     HARD_SIGMOID = "hard_sigmoid"
     SIGMOID = "sigmoid"
     TANH = "tanh"
+    SQRT = "sqrt"  # torch.sqrt: EdgeNeXt's L2 normalization divides by a norm
 
 
 class Binary(str, Enum):

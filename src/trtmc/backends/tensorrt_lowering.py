@@ -196,6 +196,8 @@ _ACTIVATIONS = {
 }
 # x * gate(x): the gate is one of the above.
 _GATED = {Activation.SILU: Activation.SIGMOID, Activation.HARD_SWISH: Activation.HARD_SIGMOID}
+# Functions TensorRT has as a unary layer, not an activation: name -> UnaryOperation.
+_UNARY = {Activation.SQRT: "SQRT"}
 
 
 def _one_activation(lw, x, fn: Activation, role: str | None = None):
@@ -206,6 +208,8 @@ def _one_activation(lw, x, fn: Activation, role: str | None = None):
 @lowering(OpKind.ACTIVATION)
 def _activation(lw, node, args):
     fn = node.attrs.fn
+    if fn in _UNARY:
+        return lw.out(lw.network.add_unary(args[0], getattr(trt.UnaryOperation, _UNARY[fn])))
     if fn in _GATED:
         return lw.binary(args[0], _one_activation(lw, args[0], _GATED[fn], "gate"), "PROD")
     return _one_activation(lw, args[0], fn)

@@ -84,6 +84,7 @@ _ACTIVATIONS: dict[Activation, Callable[[torch.Tensor], torch.Tensor]] = {
     Activation.HARD_SIGMOID: F.hardsigmoid,
     Activation.SIGMOID: torch.sigmoid,
     Activation.TANH: torch.tanh,
+    Activation.SQRT: torch.sqrt,
 }
 
 
