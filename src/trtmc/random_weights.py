@@ -93,7 +93,7 @@ def _randomize_(model, weights: RandomWeights):
                 module.weight.copy_(torch.rand(module.weight.shape, generator=gen) * 0.5 + 0.75)
                 module.bias.copy_(torch.randn(module.bias.shape, generator=gen) * 0.1)
         for name, p in model.named_parameters():
-            if name.endswith("gamma") or ".ls" in name or "layer_scale" in name:
+            if name.endswith(("gamma", "gamma_xca")) or ".ls" in name or "layer_scale" in name:
                 p.copy_(torch.rand(p.shape, generator=gen) * 0.5 + 0.5)
     if weights.statistics is BatchNormStatistics.CALIBRATED:
         _calibrate_batch_norm_(model, weights.seed + CALIBRATION_SEED_OFFSET, weights.calibration_images)
