@@ -29,6 +29,7 @@ MISSING_TENSOR = {
     "levit": ("levit_128s", "stages.1.blocks.2.mlp.ln2.bn.running_var"),
     "efficientformer": ("efficientformer_l1", "stages.2.blocks.4.mlp.norm2.running_var"),
     "mobilevit": ("mobilevit_xxs", "stages.3.1.transformer.2.norm2.bias"),
+    "edgenext": ("edgenext_xx_small", "stages.2.blocks.5.norm_xca.bias"),
 }
 
 

@@ -34,6 +34,7 @@ _MODULES = (
     "levit",
     "efficientformer",
     "mobilevit",
+    "edgenext",
 )
 
 ArchT = TypeVar("ArchT")

@@ -21,7 +21,7 @@ from ..graph_builder import GraphBuilder, Tensor
 from . import Family, UnsupportedModel
 from ._layout import LayoutReader, indexed_blocks, matched_indices
 from ._parts import batch_norm, conv, conv_norm_act, image_input, layer_norm, linear, merge_heads
-from .levit import averaged_classifier, relative_position_bias, split_heads_by_part
+from .levit import averaged_classifier, relative_position_bias, split_heads_by_part, to_tokens
 
 
 @dataclass(frozen=True)
@@ -197,12 +197,6 @@ def _emit_attention_block(
     return g.add(x, _layer_scale(g, y, ckpt, f"{p}.ls2", axis=-1), f"{p}.add2")
 
 
-def _tokens(g: GraphBuilder, x: Tensor, source: str) -> Tensor:
-    """The map [N, C, H, W] as tokens [N, H * W, C], row-major as timm's flatten(2).transpose(1, 2)."""
-    x = g.reshape(x, (x.channels, x.shape[2] * x.shape[3]), source)
-    return g.transpose(x, (0, 2, 1), source)
-
-
 def emit(g: GraphBuilder, ckpt: Checkpoint, layout: Layout, arch: EfficientFormerConfig) -> Tensor:
     x = image_input(g, ckpt)
     x = conv_norm_act(g, x, ckpt, "stem.conv1", "stem.norm1", arch.stem_act, eps=arch.bn_eps, stride=arch.stride)
@@ -214,7 +208,7 @@ def emit(g: GraphBuilder, ckpt: Checkpoint, layout: Layout, arch: EfficientForme
         for block in stage.blocks:
             if isinstance(block, AttentionBlock):
                 if len(x.shape) == 4:  # timm's Flat, before the first attention block
-                    x = _tokens(g, x, f"{stage.prefix}.flat")
+                    x = to_tokens(g, x, f"{stage.prefix}.flat")
                 x = _emit_attention_block(g, x, ckpt, block, arch)
             else:
                 x = _emit_pool_block(g, x, ckpt, block, arch)

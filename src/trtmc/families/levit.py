@@ -99,6 +99,18 @@ def split_heads_by_part(
     return tuple(g.slice(x, 3, start, stop, f"{source}.{name}") for (name, _), start, stop in zip(parts, starts, starts[1:]))
 
 
+def to_tokens(g: GraphBuilder, x: Tensor, source: str) -> Tensor:
+    """The map [N, C, H, W] as tokens [N, H * W, C], row-major as timm's `x.flatten(2).transpose(1, 2)`."""
+    x = g.reshape(x, (x.channels, x.shape[2] * x.shape[3]), source)
+    return g.transpose(x, (0, 2, 1), source)
+
+
+def to_map(g: GraphBuilder, x: Tensor, height: int, width: int, source: str) -> Tensor:
+    """Tokens [N, height * width, C] back to the map [N, C, height, width]: `to_tokens` undone."""
+    x = g.transpose(x, (0, 2, 1), source)
+    return g.reshape(x, (x.shape[1], height, width), source)
+
+
 def averaged_classifier(g: GraphBuilder, x: Tensor, heads: Sequence[tuple[np.ndarray, np.ndarray]], source: str) -> Tensor:
     """timm's distilled models return the mean of their class and distillation heads at inference. Both
     are linear in x, so one linear with the mean weight and bias is the same map, exact up to rounding."""
@@ -233,11 +245,8 @@ def _norm_linear(ckpt: Checkpoint, prefix: str, eps: float) -> tuple[np.ndarray,
 def _subsample(g: GraphBuilder, x: Tensor, resolution: int, stride: int, source: str) -> Tensor:
     """timm's `x.view(B, r, r, C)[:, ::stride, ::stride]` on tokens [N, r * r, C]: on the map [N, C, r, r]
     a max pool with a 1x1 window and this stride picks exactly those tokens (an odd r keeps its last row)."""
-    channels = x.shape[2]
-    y = g.reshape(g.transpose(x, (0, 2, 1), source), (channels, resolution, resolution), source)
-    y = max_pool(g, y, source, 1, stride, 0)
-    queries = y.shape[2] * y.shape[3]
-    return g.transpose(g.reshape(y, (channels, queries), source), (0, 2, 1), source)
+    y = max_pool(g, to_map(g, x, resolution, resolution, source), source, 1, stride, 0)
+    return to_tokens(g, y, source)
 
 
 def _emit_attention(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, spec: AttentionSpec, arch: LevitConfig) -> Tensor:
@@ -270,8 +279,7 @@ def emit(g: GraphBuilder, ckpt: Checkpoint, layout: Layout, arch: LevitConfig) -
     for i, p in enumerate(layout.stem):
         fn = arch.act if i < len(layout.stem) - 1 else None  # Stem16 ends on conv4's norm
         x = conv_norm_act(g, x, ckpt, f"{p}.linear", f"{p}.bn", fn, eps=arch.eps, stride=arch.stem_conv_stride)
-    x = g.reshape(x, (x.channels, layout.resolution**2), "stem.flatten")
-    x = g.transpose(x, (0, 2, 1), "stem.flatten")  # tokens [N, r * r, C], row-major as timm's flatten(2)
+    x = to_tokens(g, x, "stem.flatten")
     for block in layout.blocks:
         x = _emit_block(g, x, ckpt, block, arch)
     x = g.reduce(x, "head.global_pool", Reduction.MEAN, (1,), keepdim=False)
