@@ -100,9 +100,14 @@ def _split_transpose_block(read: LayoutReader, prefix: str, width: int) -> Split
         read.tensor(f"{prefix}.convs.{k}.weight", (chunk, 1, 3, 3))
         read.tensor(f"{prefix}.convs.{k}.bias", (chunk,))
     positions = f"{prefix}.pos_embd.token_projection.weight" in read
-    if positions:
-        read.conv(f"{prefix}.pos_embd.token_projection", read.shape(f"{prefix}.pos_embd.token_projection.weight")[1],
-                  bias=True, dims={0: width, 2: 1, 3: 1})
+    if positions:  # a 1x1 projection of sines and cosines of the rows, then of the columns
+        projection = f"{prefix}.pos_embd.token_projection"
+        features = read.shape(f"{projection}.weight", rank=4)[1]
+        if features % 2:
+            raise CheckpointError(
+                f"{read.arch}: {projection}.weight reads {features} features, not as many for rows as for columns"
+            )
+        read.conv(projection, features, bias=True, dims={0: width, 2: 1, 3: 1})
     read.layer_norm(f"{prefix}.norm_xca", width)
     heads = read.shape(f"{prefix}.xca.temperature", rank=3, dims={1: 1, 2: 1})[0]
     if width % heads:

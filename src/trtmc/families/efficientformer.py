@@ -21,7 +21,7 @@ from ..graph_builder import GraphBuilder, Tensor
 from . import Family, UnsupportedModel
 from ._layout import LayoutReader, indexed_blocks, matched_indices
 from ._parts import batch_norm, conv, conv_norm_act, image_input, layer_norm, linear, merge_heads
-from .levit import averaged_classifier, relative_position_bias, split_heads_by_part, to_tokens
+from .levit import attention_bias_heads, averaged_classifier, relative_position_bias, split_heads_by_part, to_tokens
 
 
 @dataclass(frozen=True)
@@ -85,14 +85,8 @@ def _pool_block(read: LayoutReader, prefix: str, width: int) -> PoolBlock:
 def _attention_block(read: LayoutReader, prefix: str, width: int, grid: int) -> AttentionBlock:
     mixer = f"{prefix}.token_mixer"
     read.layer_norm(f"{prefix}.norm1", width)
-    heads, keys = read.shape(f"{mixer}.attention_biases", rank=2)
-    if keys != grid**2:
-        raise UnsupportedModel(
-            f"{read.arch}: {mixer}.attention_biases {(heads, keys)} has {keys} positions, but the input makes a "
-            f"{grid}x{grid} token grid here; trtmc does not resample attention biases"
-        )
-    read.tensor(f"{mixer}.attention_biases", (heads, keys))
-    read.tensor(f"{mixer}.attention_bias_idxs", (keys, keys))  # the table relative_position_bias recomputes
+    heads = attention_bias_heads(read, mixer, grid)
+    read.tensor(f"{mixer}.attention_bias_idxs", (grid**2, grid**2))  # the table relative_position_bias recomputes
     merged = read.shape(f"{mixer}.proj.weight", rank=2, dims={0: width})[1]
     per_head, rest = divmod(read.linear(f"{mixer}.qkv", width, bias=True), heads)
     value_dim, odd_values = divmod(merged, heads)
@@ -110,7 +104,14 @@ def _attention_block(read: LayoutReader, prefix: str, width: int, grid: int) -> 
     return AttentionBlock(prefix, heads, key_dim, value_dim, grid, hidden)
 
 
-def _stage(read: LayoutReader, stage: int, width: int, grid: int, last: bool) -> tuple[StageSpec, int, int]:
+def _strided(size: int, stride: int) -> int:
+    """A map's side after one of EfficientFormer's 3x3 convs with padding 1 and this stride."""
+    return (size - 1) // stride + 1
+
+
+def _stage(
+    read: LayoutReader, stage: int, width: int, grid: int, stride: int, last: bool
+) -> tuple[StageSpec, int, int]:
     """Stage `stage` reading `width` channels on a grid x grid map: its spec, its width and its grid.
 
     timm numbers a stage's modules in one Sequential: the meta4d blocks, then, where the meta3d blocks
@@ -121,7 +122,7 @@ def _stage(read: LayoutReader, stage: int, width: int, grid: int, last: bool) ->
     downsample = f"{prefix}.downsample.conv.weight" in read
     if downsample:
         width = read.conv(f"{prefix}.downsample.conv", width, bias=True, norm=f"{prefix}.downsample.norm")
-        grid = (grid - 1) // 2 + 1
+        grid = _strided(grid, stride)
     numbers = [j for (j,) in matched_indices(read.ckpt, rf"^{prefix}\.blocks\.(\d+)\.")]
     pooling = sum(f"{prefix}.blocks.{j}.mlp.norm1.weight" in read for j in numbers)
     attending = len(numbers) - pooling
@@ -132,8 +133,12 @@ def _stage(read: LayoutReader, stage: int, width: int, grid: int, last: bool) ->
             f"then its Flat, then {attending} attention blocks: {expected}"
         )
     if attending and not last:
-        raise UnsupportedModel(f"{read.arch}: {prefix} has attention blocks; EfficientFormer has them in its last stage only")
-    blocks: list[PoolBlock | AttentionBlock] = [_pool_block(read, f"{prefix}.blocks.{j}", width) for j in range(pooling)]
+        raise UnsupportedModel(
+            f"{read.arch}: {prefix} has attention blocks; EfficientFormer has them in its last stage only"
+        )
+    blocks: list[PoolBlock | AttentionBlock] = [
+        _pool_block(read, f"{prefix}.blocks.{j}", width) for j in range(pooling)
+    ]
     blocks += [_attention_block(read, f"{prefix}.blocks.{j}", width, grid) for j in expected[pooling:]]
     return StageSpec(prefix, downsample, tuple(blocks)), width, grid
 
@@ -143,16 +148,18 @@ def derive_layout(ckpt: Checkpoint, arch: EfficientFormerConfig) -> Layout:
     read = LayoutReader(ckpt)
     in_chans, height, width_px = ckpt.config.pretrained.input_size
     if height != width_px:
-        raise UnsupportedModel(f"{read.arch}: a {height}x{width_px} input; EfficientFormer's attention needs a square one")
+        raise UnsupportedModel(
+            f"{read.arch}: a {height}x{width_px} input; EfficientFormer's attention needs a square one"
+        )
     width = read.conv("stem.conv1", in_chans, bias=True, norm="stem.norm1")
     width = read.conv("stem.conv2", width, bias=True, norm="stem.norm2")
-    grid = (((height - 1) // arch.stride + 1) - 1) // arch.stride + 1
+    grid = _strided(_strided(height, arch.stride), arch.stride)  # Stem4's two convs
     stage_numbers = [s for (s,) in indexed_blocks(ckpt, r"^stages\.(\d+)\.")]
     if not stage_numbers:
         raise CheckpointError(f"{read.arch}: no stages.<i> tensors; not an EfficientFormer checkpoint")
     stages = []
     for stage in stage_numbers:
-        spec, width, grid = _stage(read, stage, width, grid, last=stage == stage_numbers[-1])
+        spec, width, grid = _stage(read, stage, width, grid, arch.stride, last=stage == stage_numbers[-1])
         stages.append(spec)
     if not isinstance(stages[-1].blocks[-1], AttentionBlock):
         raise UnsupportedModel(f"{read.arch}: its last stage has no attention blocks to end on tokens")
@@ -170,9 +177,11 @@ def _layer_scale(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, name: str, axis: 
     return g.scale(x, name, gamma, np.zeros_like(gamma), axis=axis)
 
 
-def _emit_pool_block(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, block: PoolBlock, arch: EfficientFormerConfig) -> Tensor:
-    p = block.prefix
-    pooled = g.pool2d(x, f"{p}.token_mixer.pool", PoolMode.AVG, arch.pool_size, 1, arch.pool_size // 2, count_include_pad=False)
+def _emit_pool_block(
+    g: GraphBuilder, x: Tensor, ckpt: Checkpoint, block: PoolBlock, arch: EfficientFormerConfig
+) -> Tensor:
+    p, size = block.prefix, arch.pool_size
+    pooled = g.pool2d(x, f"{p}.token_mixer.pool", PoolMode.AVG, size, 1, size // 2, count_include_pad=False)
     y = g.binary(pooled, x, Binary.SUB, f"{p}.token_mixer")
     x = g.add(x, _layer_scale(g, y, ckpt, f"{p}.ls1", axis=1), f"{p}.add1")
     y = conv_norm_act(g, x, ckpt, f"{p}.mlp.fc1", f"{p}.mlp.norm1", arch.act, eps=arch.bn_eps)

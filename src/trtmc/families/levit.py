@@ -4,7 +4,8 @@ stem, then attention + MLP blocks on tokens whose every linear carries a batch n
 It reads `stem.conv<i>.{linear, bn}`, `stages.<i>.downsample.{attn_downsample.{attention_biases, kv, q.ln,
 proj.ln}, mlp.{ln1, ln2}}`, `stages.<i>.blocks.<j>.{attn.{attention_biases, qkv, proj.ln}, mlp.{ln1, ln2}}`
 (each a `.linear` and its `.bn`) and the two classifiers `head` and `head_dist` (`.bn`, `.linear`); heads,
-key and value widths and the token grid come from the shapes. EfficientFormer shares its attention helpers.
+key and value widths and the token grid come from the shapes. EfficientFormer and EdgeNeXt share its helpers:
+the attention biases' layout and gather, the per-head split, tokens to map and back, the averaged heads.
 """
 
 from __future__ import annotations
@@ -96,7 +97,8 @@ def split_heads_by_part(
     if len(parts) == 1:
         return (x,)
     starts = np.cumsum([0] + [width for _, width in parts])
-    return tuple(g.slice(x, 3, start, stop, f"{source}.{name}") for (name, _), start, stop in zip(parts, starts, starts[1:]))
+    bounds = zip(starts, starts[1:])
+    return tuple(g.slice(x, 3, start, stop, f"{source}.{name}") for (name, _), (start, stop) in zip(parts, bounds))
 
 
 def to_tokens(g: GraphBuilder, x: Tensor, source: str) -> Tensor:
@@ -111,7 +113,9 @@ def to_map(g: GraphBuilder, x: Tensor, height: int, width: int, source: str) -> 
     return g.reshape(x, (x.shape[1], height, width), source)
 
 
-def averaged_classifier(g: GraphBuilder, x: Tensor, heads: Sequence[tuple[np.ndarray, np.ndarray]], source: str) -> Tensor:
+def averaged_classifier(
+    g: GraphBuilder, x: Tensor, heads: Sequence[tuple[np.ndarray, np.ndarray]], source: str
+) -> Tensor:
     """timm's distilled models return the mean of their class and distillation heads at inference. Both
     are linear in x, so one linear with the mean weight and bias is the same map, exact up to rounding."""
     weight = np.mean([w.astype(np.float64) for w, _ in heads], axis=0)
@@ -127,8 +131,9 @@ def _linear_norm(read: LayoutReader, prefix: str, features: int, out: int | None
     return out
 
 
-def _biases(read: LayoutReader, prefix: str, resolution: int) -> int:
-    """The head count, from `attention_biases` [heads, keys], whose keys must tile the token grid."""
+def attention_bias_heads(read: LayoutReader, prefix: str, resolution: int) -> int:
+    """Place `prefix.attention_biases` [heads, keys], whose keys must tile the resolution x resolution
+    token grid; the head count, which no other tensor states."""
     heads, keys = read.shape(f"{prefix}.attention_biases", rank=2)
     if keys != resolution**2:
         raise UnsupportedModel(
@@ -143,13 +148,15 @@ def _value_dim(read: LayoutReader, prefix: str, heads: int) -> int:
     """The value width per head, from the projection back out of the heads."""
     merged = read.shape(f"{prefix}.proj.ln.linear.weight", rank=2)[1]
     if merged % heads:
-        raise CheckpointError(f"{read.arch}: {prefix}.proj.ln.linear.weight reads {merged} features, not {heads} heads' values")
+        raise CheckpointError(
+            f"{read.arch}: {prefix}.proj.ln.linear.weight reads {merged} features, not {heads} heads' values"
+        )
     return merged // heads
 
 
 def _attention(read: LayoutReader, prefix: str, width: int, resolution: int) -> tuple[AttentionSpec, int]:
     """A block's attention: `qkv` projects to (q, k, v) per head, `proj` back; the spec and its output width."""
-    heads = _biases(read, prefix, resolution)
+    heads = attention_bias_heads(read, prefix, resolution)
     value_dim = _value_dim(read, prefix, heads)
     per_head, rest = divmod(_linear_norm(read, f"{prefix}.qkv", width), heads)
     key_dim, odd = divmod(per_head - value_dim, 2)
@@ -169,7 +176,7 @@ def _subsampling_attention(
 ) -> tuple[AttentionSpec, int]:
     """A stage's AttentionDownsample: `kv` from every token, `q.ln` from the subsampled ones, `proj` to
     the stage's width; the spec and that width."""
-    heads = _biases(read, prefix, resolution)
+    heads = attention_bias_heads(read, prefix, resolution)
     value_dim = _value_dim(read, prefix, heads)
     key_width = _linear_norm(read, f"{prefix}.q.ln", width)
     kv_width = _linear_norm(read, f"{prefix}.kv", width)
@@ -190,16 +197,17 @@ def _block(read: LayoutReader, prefix: str, attention: AttentionSpec, width: int
 
 def _stem(read: LayoutReader, arch: LevitConfig) -> tuple[tuple[str, ...], int, int]:
     """The stem's ConvNorms, their output width, and the token grid's side."""
-    _, height, width_px = read.ckpt.config.pretrained.input_size
+    channels, height, width_px = read.ckpt.config.pretrained.input_size
     convs = indexed_blocks(read.ckpt, r"^stem\.conv(\d+)\.", start=1)
     if not convs:
         raise CheckpointError(f"{read.arch}: no stem.conv<i> tensors; not a LeViT checkpoint")
-    channels = read.ckpt.config.pretrained.input_size[0]
     for (i,) in convs:
         channels = read.conv(f"stem.conv{i}.linear", channels, bias=False, norm=f"stem.conv{i}.bn")
     stride = arch.stem_conv_stride ** len(convs)
     if height != width_px or height % stride:
-        raise UnsupportedModel(f"{read.arch}: a {height}x{width_px} input does not make a square grid of {stride}x{stride} patches")
+        raise UnsupportedModel(
+            f"{read.arch}: a {height}x{width_px} input does not make a square grid of {stride}x{stride} patches"
+        )
     return tuple(f"stem.conv{i}" for (i,) in convs), channels, height // stride
 
 
@@ -255,9 +263,11 @@ def _emit_attention(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, spec: Attentio
         qkv = _linear_norm_op(g, x, ckpt, f"{p}.qkv", arch.eps)
         q, k, v = split_heads_by_part(g, qkv, spec.heads, (("q", d), ("k", d), ("v", e)), p)
     else:
-        k, v = split_heads_by_part(g, _linear_norm_op(g, x, ckpt, f"{p}.kv", arch.eps), spec.heads, (("k", d), ("v", e)), p)
+        kv = _linear_norm_op(g, x, ckpt, f"{p}.kv", arch.eps)
+        k, v = split_heads_by_part(g, kv, spec.heads, (("k", d), ("v", e)), p)
         queries = _subsample(g, x, spec.resolution, spec.stride, f"{p}.q.down")
-        (q,) = split_heads_by_part(g, _linear_norm_op(g, queries, ckpt, f"{p}.q.ln", arch.eps), spec.heads, (("q", d),), p)
+        queries = _linear_norm_op(g, queries, ckpt, f"{p}.q.ln", arch.eps)
+        (q,) = split_heads_by_part(g, queries, spec.heads, (("q", d),), p)
     bias = relative_position_bias(ckpt.tensor(f"{p}.attention_biases"), spec.resolution, spec.stride)
     y = merge_heads(g, g.attention(q, k, v, p, scale=d**-0.5, bias=bias), p)
     y = g.activation(y, arch.act, f"{p}.proj.act")

@@ -93,7 +93,9 @@ def _transformer_block(read: LayoutReader, prefix: str, width: int, heads: int) 
     read.linear(f"{prefix}.mlp.fc2", hidden, width, bias=True)
 
 
-def _mobilevit_block(read: LayoutReader, prefix: str, channels: int, arch: MobileViTConfig) -> tuple[MobileViTBlock, int]:
+def _mobilevit_block(
+    read: LayoutReader, prefix: str, channels: int, arch: MobileViTConfig
+) -> tuple[MobileViTBlock, int]:
     _conv_norm_act(read, f"{prefix}.conv_kxk", channels, {0: channels})
     width = read.conv(f"{prefix}.conv_1x1", channels, bias=False, dims={2: 1, 3: 1})
     depth = len(indexed_blocks(read.ckpt, rf"^{re.escape(prefix)}\.transformer\.(\d+)\."))
@@ -181,11 +183,16 @@ def _emit_transformer_block(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix
     return g.add(x, linear(g, y, ckpt, f"{prefix}.mlp.fc2"), f"{prefix}.add2")
 
 
-def _conv_block(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str, fn: Activation | None, eps: float, stride: int = 1) -> Tensor:
+def _conv_block(
+    g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str, fn: Activation | None, eps: float, stride: int = 1
+) -> Tensor:
+    """timm's ConvNormAct at `prefix` (`.conv`, `.bn`, then `fn`)."""
     return conv_norm_act(g, x, ckpt, f"{prefix}.conv", f"{prefix}.bn", fn, eps=eps, stride=stride)
 
 
-def _emit_mobilevit_block(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, block: MobileViTBlock, arch: MobileViTConfig) -> Tensor:
+def _emit_mobilevit_block(
+    g: GraphBuilder, x: Tensor, ckpt: Checkpoint, block: MobileViTBlock, arch: MobileViTConfig
+) -> Tensor:
     p, size = block.prefix, x.shape[2:]
     y = _conv_block(g, x, ckpt, f"{p}.conv_kxk", arch.act, arch.bn_eps)
     y = _unfold(g, conv(g, y, ckpt, f"{p}.conv_1x1"), arch.patch, f"{p}.unfold")
@@ -196,7 +203,9 @@ def _emit_mobilevit_block(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, block: M
     return _conv_block(g, g.concat([x, y], 1, f"{p}.cat"), ckpt, f"{p}.conv_fusion", arch.act, arch.bn_eps)
 
 
-def _emit_inverted_residual(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, block: InvertedResidual, arch: MobileViTConfig) -> Tensor:
+def _emit_inverted_residual(
+    g: GraphBuilder, x: Tensor, ckpt: Checkpoint, block: InvertedResidual, arch: MobileViTConfig
+) -> Tensor:
     p = block.prefix
     y = _conv_block(g, x, ckpt, f"{p}.conv1_1x1", arch.act, arch.bn_eps)
     y = _conv_block(g, y, ckpt, f"{p}.conv2_kxk", arch.act, arch.bn_eps, block.stride)
