@@ -5,13 +5,13 @@ tests; the GPU machine, which has no network) the weights are random and written
 downloaded checkpoint from: `config.json` (architecture, num_classes, timm's `pretrained_cfg`) and
 `model.safetensors`. timm's own init is too forgiving for a check: every norm starts as the identity
 and the last norm of a residual block as zero, so a missed norm or a wrong eps would not move the
-logits. Here the affine parameters of every norm and the layer scales are drawn at random, and the
-batch-norm running statistics are one of two kinds (`BatchNormStatistics`): drawn at random, with
-small variances so that an eps mistake shows; or calibrated, measured on noise images in training
-mode, which keeps a deep network in a trained one's range (random statistics drive GhostNet's fp16
-activations past 65504) while a wrong eps or padding still moves the logits. For checks on photos,
-`calibrate_on_photos` goes further: statistics measured on the photos and the classifier imprinted
-with them, so that each photo has one clear winner, as with a trained model.
+logits. Here the affine parameters of every norm, the layer scales and the attention biases are drawn
+at random, and the batch-norm running statistics are one of two kinds (`BatchNormStatistics`): drawn
+at random, with small variances so that an eps mistake shows; or calibrated, measured on noise images
+in training mode, which keeps a deep network in a trained one's range (random statistics drive
+GhostNet's fp16 activations past 65504) while a wrong eps or padding still moves the logits. For
+checks on photos, `calibrate_on_photos` goes further: statistics measured on the photos and the
+classifier imprinted with them, so that each photo has one clear winner, as with a trained model.
 
 `load_timm_model` and `timm_pixels` are timm's side of a comparison: its model holding a
 checkpoint's weights, and its eval transform of image files. timm is an optional dependency
@@ -95,6 +95,8 @@ def _randomize_(model, weights: RandomWeights):
         for name, p in model.named_parameters():
             if name.endswith(("gamma", "gamma_xca")) or ".ls" in name or "layer_scale" in name:
                 p.copy_(torch.rand(p.shape, generator=gen) * 0.5 + 0.5)
+            elif name.endswith("attention_biases"):  # LeViT's and EfficientFormer's, which timm starts at 0
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
     if weights.statistics is BatchNormStatistics.CALIBRATED:
         _calibrate_batch_norm_(model, weights.seed + CALIBRATION_SEED_OFFSET, weights.calibration_images)
     return model.eval()
