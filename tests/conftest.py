@@ -2,18 +2,21 @@ from __future__ import annotations
 
 import pytest
 
-from trtmc.random_weights import BatchNormStatistics, RandomWeights, save_random_checkpoint
+from trtmc.random_weights import CALIBRATION_IMAGES, BatchNormStatistics, RandomWeights, save_random_checkpoint
 
 
 @pytest.fixture(scope="session")
 def timm_checkpoint(tmp_path_factory):
     """`timm_checkpoint("ghostnet_100")` -> folder with random weights (batch-norm statistics calibrated on
     noise) in the HF layout, cached per session. Keywords: `seed`, `statistics` (a BatchNormStatistics),
-    and anything else for `timm.create_model`."""
+    `calibration_images` (how many noise images), and anything else for `timm.create_model`."""
     cache: dict[tuple, object] = {}
 
-    def make(arch: str, *, seed: int = 0, statistics=BatchNormStatistics.CALIBRATED, **timm_kwargs):
-        weights = RandomWeights(seed, statistics)
+    def make(
+        arch: str, *, seed: int = 0, statistics=BatchNormStatistics.CALIBRATED, calibration_images=CALIBRATION_IMAGES,
+        **timm_kwargs,
+    ):
+        weights = RandomWeights(seed, statistics, calibration_images)
         key = (arch, weights, repr(sorted(timm_kwargs.items())))
         if key not in cache:
             folder = tmp_path_factory.mktemp(arch.replace("/", "_"))

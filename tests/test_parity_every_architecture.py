@@ -25,6 +25,7 @@ from trtmc.checkpoint import Checkpoint
 from trtmc.families import all_families, build_graph
 from trtmc.graph import DType, OpKind
 from trtmc.passes.precision import PrecisionPolicy, assign_precision
+from trtmc.random_weights import CALIBRATION_IMAGES
 
 FAMILIES = {family.name: family for family in all_families()}
 ARCHITECTURES = [arch for family in FAMILIES.values() for arch in family.architectures]
@@ -37,6 +38,14 @@ FP32_BOUND = 1e-4
 # So is a random resnest50d (largest logit 1.1e3): timm's own fp32 differs from its fp64 by 5.4e-4,
 # trtmc's fp32 from timm's by 6.1e-4 (and from timm's fp64 by 7.1e-5).
 TIMMS_OWN_FP32_ALLOWANCE = {"resnet101": 1.5, "resnest50d": 1.5}
+# Noise images the fp32 check's checkpoint measures its batch-norm statistics on, where the default few
+# leave them far from another image's. LeViT is chaotic wherever its statistics do not fit the input:
+# every linear has a batch norm, the norms ending the residual branches (which timm starts at 0) are
+# drawn like the others, so the tokens grow block by block and the attention sharpens. Calibrated on 4
+# images, levit_128s's last-stage attention scores can come out ~100x wider than with statistics that
+# fit: on the second of two random images timm's own fp32 logits differ from its fp64 ones by 3.2e-2 of
+# the largest (levit_128: 5.6e-2); calibrated on 64, by 1.3e-5 (1.4e-5).
+CALIBRATED_ON = {"levit_128s": 64, "levit_128": 64}
 
 
 @dataclass(frozen=True)
@@ -49,6 +58,8 @@ class PhotoCheck:
     max_kl: dict[str, float]
     input_size: int | None = None
     near_ties: int = 0
+    # The photo-calibrated checkpoint's fp32 error on random pixels, where its statistics do not fit them.
+    fp32_bound: float = FP32_BOUND
 
 
 # Each check runs on a photo-calibrated copy of the random checkpoint (support.save_photo_calibrated_
@@ -122,12 +133,22 @@ PHOTO_CHECKS = {
     # 1.5e-2 flipping 1 tie (timm's own: 3.8e-2, none). fp16: 1.5e-5 and 7.4e-5, no flips.
     "repvgg": PhotoCheck("repvgg_a0", {"fp16": 1e-4, "bf16": 1e-2}, near_ties=9),
     "mobileone": PhotoCheck("mobileone_s1", {"fp16": 1e-3, "bf16": 5e-2}, near_ties=5),
+    # Measured: fp16 KL 6.7e-7, bf16 4.8e-5. Random pixels through statistics measured on photos make
+    # LeViT chaotic (see CALIBRATED_ON): there timm's own fp32 logits differ from its fp64 ones by
+    # 1.2e-2 of the largest, trtmc's from timm's by 2.6e-2.
+    "levit": PhotoCheck("levit_128s", {"fp16": 1e-4, "bf16": 1e-3}, fp32_bound=5e-2),
+    # Measured: fp16 KL 5.8e-7, bf16 2.6e-5.
+    "efficientformer": PhotoCheck("efficientformer_l1", {"fp16": 1e-4, "bf16": 1e-3}),
+    # Measured: fp16 KL 2.3e-7, bf16 1.6e-5.
+    "mobilevit": PhotoCheck("mobilevit_xxs", {"fp16": 1e-4, "bf16": 1e-3}),
+    # Measured: fp16 KL 1.1e-7, bf16 6.3e-6.
+    "edgenext": PhotoCheck("edgenext_xx_small", {"fp16": 1e-4, "bf16": 1e-3}),
 }
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_fp32_logits_match_timm_at_batch_1(arch, timm_checkpoint, record_property):
-    folder = timm_checkpoint(arch)
+    folder = timm_checkpoint(arch, calibration_images=CALIBRATED_ON.get(arch, CALIBRATION_IMAGES))
     reference = load_timm(folder)
     error = fp32_relative_error(folder, reference=reference)
     record_property("fp32_rel_err", error)
@@ -168,5 +189,5 @@ def test_smallest_model_keeps_timms_top1_on_every_photo_in_fp16_and_bf16(family,
         folder = reconfigured_checkpoint(folder, tmp_path / "resized", input_size=check.input_size)
     report = check_parity(save_photo_calibrated_checkpoint(folder, tmp_path / "photo-calibrated"))
     record_property("parity", report)
-    assert report["fp32_rel_err"] <= FP32_BOUND, report
+    assert report["fp32_rel_err"] <= check.fp32_bound, report
     assert_keeps_top1(report, check.max_kl, near_ties=check.near_ties)

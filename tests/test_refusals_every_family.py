@@ -48,6 +48,10 @@ MISSING_TENSOR = {
     "cspnet": ("cspresnext50", "stages.2.blocks.3.conv2.bn.running_var"),
     "repvgg": ("repvgg_a0", "stages.2.9.identity.running_var"),
     "mobileone": ("mobileone_s1", "stages.2.6.conv_scale.bn.running_var"),
+    "levit": ("levit_128s", "stages.1.blocks.2.mlp.ln2.bn.running_var"),
+    "efficientformer": ("efficientformer_l1", "stages.2.blocks.4.mlp.norm2.running_var"),
+    "mobilevit": ("mobilevit_xxs", "stages.3.1.transformer.2.norm2.bias"),
+    "edgenext": ("edgenext_xx_small", "stages.2.blocks.5.norm_xca.bias"),
 }
 
 

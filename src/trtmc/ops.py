@@ -75,7 +75,7 @@ class Activation(str, Enum):
     HARD_SIGMOID = "hard_sigmoid"
     SIGMOID = "sigmoid"
     TANH = "tanh"
-    SQRT = "sqrt"  # not an activation, but the one unary op a family needs (GRN's L2 norm)
+    SQRT = "sqrt"  # torch.sqrt: EdgeNeXt's L2 normalization divides by a norm
     LEAKY_RELU = "leaky_relu"  # max(x, 0) + negative_slope * min(x, 0), as torch's F.leaky_relu
 
 

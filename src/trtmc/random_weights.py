@@ -6,7 +6,7 @@ downloaded checkpoint from: `config.json` (architecture, num_classes, timm's `pr
 `model.safetensors`. timm's own init is too forgiving for a check: every norm starts as the identity
 and the last norm of a residual block as zero, so a missed norm or a wrong eps would not move the
 logits. Here the affine parameters of every norm, the layer scales and the attention biases timm
-starts at zero are drawn at random, and the batch-norm running statistics are one of two kinds (`BatchNormStatistics`): drawn at random, with
+starts at zero (BEiT's, LeViT's, EfficientFormer's) are drawn at random, and the batch-norm running statistics are one of two kinds (`BatchNormStatistics`): drawn at random, with
 small variances so that an eps mistake shows; or calibrated, measured on noise images in training
 mode, which keeps a deep network in a trained one's range (random statistics drive GhostNet's fp16
 activations past 65504) while a wrong eps or padding still moves the logits. For checks on photos,
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     import torch
 
 INSTALL = "pip install 'trtmc[bench]'"  # timm and matplotlib, for the bench and these helpers
-# Noise images the calibrated statistics are measured on, in one training-mode batch.
+# Noise images the calibrated statistics are measured on by default, in one training-mode batch.
 CALIBRATION_IMAGES = 4
 # The calibration noise is drawn with seed + this, apart from the weights' own draws (3 for seed 0: the
 # tests' checkpoints stayed the same, bit for bit, when this module replaced their own helper).
@@ -48,7 +48,7 @@ class BatchNormStatistics(enum.Enum):
     """What a random-weight checkpoint holds as batch-norm running statistics."""
 
     RANDOM = "random"  # running mean ~ N(0, 0.1²), running variance ~ U(0.02, 0.52)
-    CALIBRATED = "calibrated"  # measured on CALIBRATION_IMAGES noise images
+    CALIBRATED = "calibrated"  # measured on RandomWeights.calibration_images noise images
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,9 @@ class RandomWeights:
 
     seed: int = 0
     statistics: BatchNormStatistics = BatchNormStatistics.CALIBRATED
+    # Noise images the calibrated statistics are measured on. Where a deep layer's statistics vary much
+    # from one image to the next (LeViT's tokens), a few images leave them far from any other image's.
+    calibration_images: int = CALIBRATION_IMAGES
 
 
 def require_timm():
@@ -97,19 +100,21 @@ def _randomize_(model, weights: RandomWeights):
                 module.weight.copy_(torch.rand(module.weight.shape, generator=gen) * 0.5 + 0.75)
                 module.bias.copy_(torch.randn(module.bias.shape, generator=gen) * 0.1)
         for name, p in model.named_parameters():
-            if name.endswith(("gamma", "gamma_1", "gamma_2")) or ".ls" in name or "layer_scale" in name:
+            if name.endswith(("gamma", "gamma_1", "gamma_2", "gamma_xca")) or ".ls" in name or "layer_scale" in name:
                 p.copy_(torch.rand(p.shape, generator=gen) * 0.5 + 0.5)
+            elif name.endswith("attention_biases"):  # LeViT's and EfficientFormer's, which timm starts at 0
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
         for name, p in model.named_parameters():
             # BEiT and EVA start their attention's relative position bias table and q / v biases at zero:
             # drawn, a bias gathered or placed wrongly moves the logits.
             if name.endswith(_ZERO_STARTED) and not p.any():
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
     if weights.statistics is BatchNormStatistics.CALIBRATED:
-        _calibrate_batch_norm_(model, weights.seed + CALIBRATION_SEED_OFFSET)
+        _calibrate_batch_norm_(model, weights.seed + CALIBRATION_SEED_OFFSET, weights.calibration_images)
     return model.eval()
 
 
-def _calibrate_batch_norm_(model, seed: int) -> None:
+def _calibrate_batch_norm_(model, seed: int, images: int) -> None:
     """Running statistics of one training-mode batch of noise images, as training would leave them."""
     import torch
 
@@ -124,7 +129,7 @@ def _calibrate_batch_norm_(model, seed: int) -> None:
     model.train()
     try:
         with torch.no_grad():
-            model(torch.randn(CALIBRATION_IMAGES, c, h, w, generator=torch.Generator().manual_seed(seed)))
+            model(torch.randn(images, c, h, w, generator=torch.Generator().manual_seed(seed)))
     finally:
         for norm, momentum in zip(norms, momenta):
             norm.momentum = momentum
@@ -212,18 +217,37 @@ def calibrate_on_photos(source: Path, dest: Path, photos) -> Path:
         model(photos)
         model.eval()
         pooled = model.forward_features(photos)
-        features = model.forward_head(pooled, pre_logits=True).flatten(1).double()
         random_logits = model.forward_head(pooled).double()
-        mean = features.mean(0)
-        centred = features - mean
-        rows = centred / centred.norm(dim=1, keepdim=True)
-        # Each photo's own class scores 4x the largest random logit, so it wins clearly.
-        scale = 4.0 * random_logits.abs().max() / (rows * centred).sum(1).min()
-        classifier = model.get_classifier()
-        weight = classifier.weight.view(classifier.weight.shape[0], -1)
-        weight[: len(rows)] = (rows * scale).float()
-        classifier.bias[: len(rows)] = -(rows * scale @ mean).float()
+        for classifier, features in _classifier_inputs(model, pooled):
+            mean = features.mean(0)
+            centred = features - mean
+            rows = centred / centred.norm(dim=1, keepdim=True)
+            # Each photo's own class scores 4x the largest random logit, so it wins clearly.
+            scale = 4.0 * random_logits.abs().max() / (rows * centred).sum(1).min()
+            weight = classifier.weight.view(classifier.weight.shape[0], -1)
+            weight[: len(rows)] = (rows * scale).float()
+            classifier.bias[: len(rows)] = -(rows * scale @ mean).float()
     return _write_checkpoint(dest, model.state_dict(), (Path(source) / "config.json").read_text())
+
+
+def _classifier_inputs(model, pooled) -> list:
+    """(layer, the features it reads) for each layer that writes logits: timm's classifier and the
+    pre-logits features; or, for a distilled model, which averages a class and a distillation head
+    (LeViT, EfficientFormer), each head's last linear and what reaches it (past LeViT's head norm)."""
+    import torch
+
+    heads = model.get_classifier()
+    if not isinstance(heads, tuple):
+        return [(heads, model.forward_head(pooled, pre_logits=True).flatten(1).double())]
+    linears = [[m for m in head.modules() if isinstance(m, torch.nn.Linear)][-1] for head in heads]
+    inputs: list = []
+    hooks = [linear.register_forward_hook(lambda m, args, out: inputs.append(args[0].double())) for linear in linears]
+    try:
+        model.forward_head(pooled)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return list(zip(linears, inputs))
 
 
 def timm_eval_transform(folder: Path):

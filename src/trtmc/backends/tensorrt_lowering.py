@@ -196,7 +196,7 @@ _ACTIVATIONS = {
 }
 # x * gate(x): the gate is one of the above.
 _GATED = {Activation.SILU: Activation.SIGMOID, Activation.HARD_SWISH: Activation.HARD_SIGMOID}
-# TensorRT's unary layer, not its activation layer, has these.
+# Functions TensorRT has as a unary layer, not an activation: name -> UnaryOperation.
 _UNARY = {Activation.SQRT: "SQRT"}
 
 

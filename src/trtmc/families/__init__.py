@@ -56,6 +56,10 @@ _MODULES = (
     "cspnet",
     "repvgg",
     "mobileone",
+    "levit",
+    "efficientformer",
+    "mobilevit",
+    "edgenext",
 )
 
 ArchT = TypeVar("ArchT")

@@ -1,0 +1,237 @@
+"""MobileViT (Mehta and Rastegari, https://arxiv.org/abs/2110.02178) as timm builds it on ByobNet: inverted
+residual blocks, and MobileViT blocks that unfold a feature map into patches, run ViT blocks across the
+patches at each patch position, and fold it back.
+
+It reads `stem.{conv, bn}`, the inverted residuals `stages.<i>.<j>.conv{1_1x1, 2_kxk, 3_1x1}.{conv, bn}`,
+the MobileViT blocks `stages.<i>.<j>.{conv_kxk, conv_1x1, transformer.<t>.{norm1, attn.qkv, attn.proj,
+norm2, mlp.fc1, mlp.fc2}, norm, conv_proj, conv_fusion}`, `final_conv.{conv, bn}` and `head.fc`; widths,
+depths and MLP widths come from the shapes.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Mapping
+
+from ..checkpoint import Checkpoint, CheckpointError
+from ..graph import Activation
+from ..graph_builder import GraphBuilder, Tensor
+from . import Family, UnsupportedModel
+from ._layout import LayoutReader, indexed_blocks
+from ._parts import conv, conv_norm_act, image_input, layer_norm, linear
+
+_BLOCK = r"^stages\.(\d+)\.(\d+)\."
+
+
+@dataclass(frozen=True)
+class MobileViTConfig:
+    """What the tensors of a timm MobileViT do not say."""
+
+    # ByoModelCfg(act_layer='silu') everywhere, the transformer MLPs included; norm_layer batchnorm (eps
+    # 1e-5); MobileVitBlock's transformer_norm_layer is nn.LayerNorm (eps 1e-5).
+    act: Activation = Activation.SILU
+    bn_eps: float = 1e-5
+    ln_eps: float = 1e-5
+    # The first block of each stage strides (the cfgs' s=1, 2, 2, 2, 2); the stem conv halves too.
+    stem_stride: int = 2
+    stage_strides: tuple[int, ...] = (1, 2, 2, 2, 2)
+    # MobileVitBlock's num_heads default, which no model overrides; its fused qkv holds all heads alike.
+    heads: int = 4
+    # 2x2 patches in every MobileViT model timm registers.
+    patch: int = 2
+
+
+@dataclass(frozen=True)
+class InvertedResidual:
+    """timm's BottleneckBlock with bottle_in and linear_out: 1x1, depthwise kxk, 1x1 without activation;
+    a residual sum only where the block keeps width and resolution (downsample='': no projection)."""
+
+    prefix: str
+    stride: int
+    residual: bool
+
+
+@dataclass(frozen=True)
+class MobileViTBlock:
+    """conv_kxk, conv_1x1 to the transformer width, ViT blocks over the unfolded patches, norm, fold,
+    conv_proj back, then conv_fusion of the block's input and that."""
+
+    prefix: str
+    depth: int  # transformer blocks
+
+
+@dataclass(frozen=True)
+class Layout:
+    blocks: tuple[InvertedResidual | MobileViTBlock, ...]
+
+
+_POINTWISE = {2: 1, 3: 1}  # a 1x1 kernel
+
+
+def _conv_norm_act(read: LayoutReader, prefix: str, channels: int, dims: Mapping[int, int] | None = None) -> int:
+    """timm's ConvNormAct at `prefix`: `.conv` (no bias; `dims` as for `LayoutReader.conv`), `.bn`; its width."""
+    return read.conv(f"{prefix}.conv", channels, bias=False, norm=f"{prefix}.bn", dims=dims)
+
+
+def _inverted_residual(read: LayoutReader, prefix: str, channels: int, stride: int) -> tuple[InvertedResidual, int]:
+    mid = _conv_norm_act(read, f"{prefix}.conv1_1x1", channels, _POINTWISE)
+    _conv_norm_act(read, f"{prefix}.conv2_kxk", mid, {0: mid, 1: 1})  # depthwise (group size 1)
+    out = _conv_norm_act(read, f"{prefix}.conv3_1x1", mid, _POINTWISE)
+    return InvertedResidual(prefix, stride, stride == 1 and out == channels), out
+
+
+def _transformer_block(read: LayoutReader, prefix: str, width: int, heads: int) -> None:
+    """timm's ViT Block: norm1, attn (fused qkv over `heads`, proj), norm2, mlp (fc1, fc2); no layer scale."""
+    if width % heads:
+        raise CheckpointError(f"{read.arch}: {prefix} is {width} wide, which does not split into {heads} heads")
+    read.layer_norm(f"{prefix}.norm1", width)
+    read.linear(f"{prefix}.attn.qkv", width, 3 * width, bias=True)
+    read.linear(f"{prefix}.attn.proj", width, width, bias=True)
+    read.layer_norm(f"{prefix}.norm2", width)
+    hidden = read.linear(f"{prefix}.mlp.fc1", width, bias=True)
+    read.linear(f"{prefix}.mlp.fc2", hidden, width, bias=True)
+
+
+def _mobilevit_block(
+    read: LayoutReader, prefix: str, channels: int, arch: MobileViTConfig
+) -> tuple[MobileViTBlock, int]:
+    _conv_norm_act(read, f"{prefix}.conv_kxk", channels, {0: channels})
+    width = read.conv(f"{prefix}.conv_1x1", channels, bias=False, dims={2: 1, 3: 1})
+    depth = len(indexed_blocks(read.ckpt, rf"^{re.escape(prefix)}\.transformer\.(\d+)\."))
+    if not depth:
+        raise CheckpointError(f"{read.arch}: {prefix} has no transformer.<t> blocks")
+    for t in range(depth):
+        _transformer_block(read, f"{prefix}.transformer.{t}", width, arch.heads)
+    read.layer_norm(f"{prefix}.norm", width)
+    out = _conv_norm_act(read, f"{prefix}.conv_proj", width, _POINTWISE)
+    _conv_norm_act(read, f"{prefix}.conv_fusion", channels + out, {0: out})
+    return MobileViTBlock(prefix, depth), out
+
+
+def derive_layout(ckpt: Checkpoint, arch: MobileViTConfig) -> Layout:
+    """Blocks and their kinds from names, widths and depths from shapes; strides and heads from `arch`."""
+    read = LayoutReader(ckpt)
+    _, height, width_px = ckpt.config.pretrained.input_size
+    channels = _conv_norm_act(read, "stem", ckpt.config.pretrained.input_size[0])
+    size = (height // arch.stem_stride, width_px // arch.stem_stride)
+    blocks: list[InvertedResidual | MobileViTBlock] = []
+    for stage, j in indexed_blocks(ckpt, _BLOCK, stages=len(arch.stage_strides)):
+        prefix = f"stages.{stage}.{j}"
+        stride = arch.stage_strides[stage] if j == 0 else 1
+        if f"{prefix}.conv1_1x1.conv.weight" in read:
+            block, channels = _inverted_residual(read, prefix, channels, stride)
+            size = (size[0] // stride, size[1] // stride)
+        elif stride == 1:
+            if size[0] % arch.patch or size[1] % arch.patch:
+                raise UnsupportedModel(
+                    f"{read.arch}: {prefix} would unfold a {size[0]}x{size[1]} map into {arch.patch}x{arch.patch} "
+                    "patches; timm resizes such a map first, which trtmc does not"
+                )
+            block, channels = _mobilevit_block(read, prefix, channels, arch)
+        else:
+            raise UnsupportedModel(f"{read.arch}: {prefix} opens a strided stage with a MobileViT block")
+        blocks.append(block)
+    channels = _conv_norm_act(read, "final_conv", channels, _POINTWISE)
+    read.classifier("head.fc", channels, bias=True)
+    read.finish()
+    return Layout(tuple(blocks))
+
+
+def _unfold(g: GraphBuilder, x: Tensor, patch: int, source: str) -> Tensor:
+    """The map [N, C, H, W] as tokens [N, P, T, C]: for each of the P = patch * patch positions inside a
+    patch, the T patches in row-major order. timm folds P into the batch ([N * P, T, C]); here it is an
+    axis of its own, and the attention runs over T for each (image, position) alike."""
+    _, c, h, w = x.shape
+    x = g.reshape(x, (c, h // patch, patch, w // patch, patch), source)
+    x = g.transpose(x, (0, 3, 5, 2, 4, 1), source)  # [N, ph, pw, nh, nw, C]
+    return g.reshape(x, (patch * patch, (h // patch) * (w // patch), c), source)
+
+
+def _fold(g: GraphBuilder, x: Tensor, patch: int, size: tuple[int, int], source: str) -> Tensor:
+    """`_unfold`'s inverse: tokens [N, P, T, C] back to the map [N, C, H, W]."""
+    _, _, _, c = x.shape
+    nh, nw = size[0] // patch, size[1] // patch
+    x = g.reshape(x, (patch, patch, nh, nw, c), source)
+    x = g.transpose(x, (0, 5, 3, 1, 4, 2), source)  # [N, C, nh, ph, nw, pw]
+    return g.reshape(x, (c, size[0], size[1]), source)
+
+
+def _attention(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str, heads: int) -> Tensor:
+    """timm's Attention (fused `qkv` ordered (q|k|v, head, head_dim), `proj`) over tokens [N, P, T, C] for
+    each patch position at once: the positions join the heads axis of one ATTENTION op."""
+    _, positions, tokens, width = x.shape
+    head_dim = width // heads
+    qkv = linear(g, x, ckpt, f"{prefix}.qkv")
+    qkv = g.reshape(qkv, (positions, tokens, 3, heads, head_dim), f"{prefix}.split_heads")
+    qkv = g.transpose(qkv, (0, 3, 1, 4, 2, 5), f"{prefix}.split_heads")  # [N, q|k|v, P, heads, T, head_dim]
+    qkv = g.reshape(qkv, (3 * positions * heads, tokens, head_dim), f"{prefix}.split_heads")
+    groups = positions * heads
+    q, k, v = (g.slice(qkv, 1, i * groups, (i + 1) * groups, f"{prefix}.{part}") for i, part in enumerate("qkv"))
+    y = g.attention(q, k, v, prefix, scale=head_dim**-0.5)
+    y = g.reshape(y, (positions, heads, tokens, head_dim), f"{prefix}.merge_heads")
+    y = g.transpose(y, (0, 1, 3, 2, 4), f"{prefix}.merge_heads")  # [N, P, T, heads, head_dim]
+    y = g.reshape(y, (positions, tokens, width), f"{prefix}.merge_heads")
+    return linear(g, y, ckpt, f"{prefix}.proj")
+
+
+def _emit_transformer_block(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str, arch: MobileViTConfig) -> Tensor:
+    y = layer_norm(g, x, ckpt, f"{prefix}.norm1", arch.ln_eps)
+    x = g.add(x, _attention(g, y, ckpt, f"{prefix}.attn", arch.heads), f"{prefix}.add1")
+    y = layer_norm(g, x, ckpt, f"{prefix}.norm2", arch.ln_eps)
+    y = g.activation(linear(g, y, ckpt, f"{prefix}.mlp.fc1"), arch.act, f"{prefix}.mlp.act")
+    return g.add(x, linear(g, y, ckpt, f"{prefix}.mlp.fc2"), f"{prefix}.add2")
+
+
+def _conv_block(
+    g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str, fn: Activation | None, eps: float, stride: int = 1
+) -> Tensor:
+    """timm's ConvNormAct at `prefix` (`.conv`, `.bn`, then `fn`)."""
+    return conv_norm_act(g, x, ckpt, f"{prefix}.conv", f"{prefix}.bn", fn, eps=eps, stride=stride)
+
+
+def _emit_mobilevit_block(
+    g: GraphBuilder, x: Tensor, ckpt: Checkpoint, block: MobileViTBlock, arch: MobileViTConfig
+) -> Tensor:
+    p, size = block.prefix, x.shape[2:]
+    y = _conv_block(g, x, ckpt, f"{p}.conv_kxk", arch.act, arch.bn_eps)
+    y = _unfold(g, conv(g, y, ckpt, f"{p}.conv_1x1"), arch.patch, f"{p}.unfold")
+    for t in range(block.depth):
+        y = _emit_transformer_block(g, y, ckpt, f"{p}.transformer.{t}", arch)
+    y = _fold(g, layer_norm(g, y, ckpt, f"{p}.norm", arch.ln_eps), arch.patch, size, f"{p}.fold")
+    y = _conv_block(g, y, ckpt, f"{p}.conv_proj", arch.act, arch.bn_eps)
+    return _conv_block(g, g.concat([x, y], 1, f"{p}.cat"), ckpt, f"{p}.conv_fusion", arch.act, arch.bn_eps)
+
+
+def _emit_inverted_residual(
+    g: GraphBuilder, x: Tensor, ckpt: Checkpoint, block: InvertedResidual, arch: MobileViTConfig
+) -> Tensor:
+    p = block.prefix
+    y = _conv_block(g, x, ckpt, f"{p}.conv1_1x1", arch.act, arch.bn_eps)
+    y = _conv_block(g, y, ckpt, f"{p}.conv2_kxk", arch.act, arch.bn_eps, block.stride)
+    y = _conv_block(g, y, ckpt, f"{p}.conv3_1x1", None, arch.bn_eps)
+    return g.add(y, x, f"{p}.add") if block.residual else y
+
+
+def emit(g: GraphBuilder, ckpt: Checkpoint, layout: Layout, arch: MobileViTConfig) -> Tensor:
+    x = _conv_block(g, image_input(g, ckpt), ckpt, "stem", arch.act, arch.bn_eps, arch.stem_stride)
+    for block in layout.blocks:
+        if isinstance(block, MobileViTBlock):
+            x = _emit_mobilevit_block(g, x, ckpt, block, arch)
+        else:
+            x = _emit_inverted_residual(g, x, ckpt, block, arch)
+    x = _conv_block(g, x, ckpt, "final_conv", arch.act, arch.bn_eps)
+    return linear(g, g.global_avg_pool(x, "head.global_pool"), ckpt, "head.fc")
+
+
+FAMILY = Family(
+    name="mobilevit",
+    summary="MobileViT: inverted residuals, and ViT blocks across unfolded 2x2 patches fused back into the map",
+    architectures={
+        "mobilevit_xxs": MobileViTConfig(),
+        "mobilevit_xs": MobileViTConfig(),
+        "mobilevit_s": MobileViTConfig(),
+    },
+    derive_layout=derive_layout,
+    emit=emit,
+)
