@@ -61,11 +61,12 @@ def lite0_bundle(tmp_path_factory):
     return path
 
 
-# ---- the fast lane ---------------------------------------------------------------------------------
-# `pytest -m "not slow"` runs every module in about two minutes; the README's test command (what CI runs)
-# runs everything. What only the full run does is marked slow here, in one place, or by the test itself:
-# compiled engines (an AOTInductor CPU build takes a minute), every architecture beyond the smallest of each
-# family, TensorRT-RTX plans beyond two architectures, and photo checks in fp16/bf16 beyond two families.
+# ---- three lanes ------------------------------------------------------------------------------------
+# `pytest -m "not slow"` runs every module in a few minutes. The README's test command (what CI runs) adds
+# what is marked slow here: compiled engines (an AOTInductor CPU build takes a minute), the fp32 parity of
+# every architecture beyond the smallest of each family, TensorRT-RTX plans in three precisions for the
+# smallest architecture of every family, and photo checks in fp16/bf16 for every family.
+# `pytest --every-architecture` adds the plans of every other architecture (minutes more per family).
 FAST_PLANS = ("tf_efficientnet_lite0", "vit_tiny_patch16_224")
 FAST_PHOTO_CHECKS = ("resnet",)
 COMPILED_FIXTURES = ("lite0_bundle",)
@@ -76,6 +77,19 @@ SLOW_TESTS = (
     "test_quantized_lite0_keeps_the_fp32_top1_of_the_photos",
     "test_calibration_reads_every_photo_and_every_convolution_and_linear_op",
 )
+PLANS_MODULE = "test_tensorrt_plans_every_architecture"
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--every-architecture",
+        action="store_true",
+        help="also build TensorRT-RTX plans in three precisions for every architecture, not only the smallest of each family",
+    )
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "every_architecture: runs only with --every-architecture")
 
 
 def _fast_architectures() -> set[str]:
@@ -87,14 +101,25 @@ def _fast_architectures() -> set[str]:
 
 def pytest_collection_modifyitems(config, items):
     fast = _fast_architectures()
+    every_architecture = config.getoption("--every-architecture")
+    kept, deselected = [], []
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
         arch, family = params.get("arch"), params.get("family")
         slow = item.originalname in SLOW_TESTS or any(name in item.fixturenames for name in COMPILED_FIXTURES)
         if arch is not None:
-            plans = item.module.__name__ == "test_tensorrt_plans_every_architecture"
+            plans = item.module.__name__ == PLANS_MODULE
             slow = slow or arch not in (FAST_PLANS if plans else fast)
+            if plans and arch not in fast and arch not in FAST_PLANS:
+                item.add_marker(pytest.mark.every_architecture)
+                if not every_architecture:
+                    deselected.append(item)
+                    continue
         if family is not None and item.originalname == "test_smallest_model_keeps_timms_top1_on_every_photo_in_fp16_and_bf16":
             slow = slow or family not in FAST_PHOTO_CHECKS
         if slow:
             item.add_marker(pytest.mark.slow)
+        kept.append(item)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = kept

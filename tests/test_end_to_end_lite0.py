@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import LITE0_IN_REPO, run_cli
+from conftest import LITE0_IN_REPO, REPO, run_cli
 from support import IMAGES, REFERENCE
 from trtmc.bundle import read_bundle
 from trtmc.graph import DType, OpKind
@@ -94,6 +94,14 @@ def test_default_cpu_build_records_and_serves_the_max_batch_it_was_built_for(lit
 def test_families_lists_efficientnet_and_ghostnet_architectures():
     out = run_cli("families").stdout
     assert "tf_efficientnet_lite0" in out and "ghostnet_100" in out
+
+
+def test_readmes_families_table_is_what_trtmc_families_prints():
+    from trtmc.families import all_families
+
+    table = run_cli("families", "--markdown").stdout
+    assert len(table.splitlines()) == 2 + len(all_families())
+    assert table in (REPO / "README.md").read_text(), "regenerate it: trtmc families --markdown"
 
 
 def test_bf16_graph_has_no_fp32_or_fp16_convolution():

@@ -16,7 +16,9 @@ PHOTOS = sorted(p for p in IMAGES.iterdir() if p.suffix in (".jpg", ".png"))
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    # Logical CPUs, not cores: the read task and both actors (one CPU each) must be able to run at once,
+    # or Ray Data waits for a CPU that never frees (it did, for 30 minutes, on the 2-core CI machine).
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield
     ray.shutdown()
 
@@ -25,6 +27,7 @@ def local_ray():
 def test_read_images_then_map_batches_gives_the_tasks_logits_for_every_file(local_ray, lite0_bundle):
     from trtmc.ray import ClassifyBatch
 
+    ray.data.DataContext.get_current().execution_no_progress_timeout_s = 300  # fail in minutes, not half an hour
     ds = ray.data.read_images([str(p) for p in PHOTOS], mode="RGB", include_paths=True)
     ds = ds.map_batches(
         ClassifyBatch,
@@ -38,7 +41,8 @@ def test_read_images_then_map_batches_gives_the_tasks_logits_for_every_file(loca
     expected = image_to_class_scores(Runtime.open(lite0_bundle), [str(p) for p in PHOTOS])
     for photo, logits, top in zip(PHOTOS, expected.logits, expected.top(3)):
         row = next(r for path, r in rows.items() if path.endswith(photo.name))
-        assert np.abs(np.asarray(row["logits"]) - logits).max() <= 1e-6, photo.name
+        # Equal up to fp32 rounding: Ray's batches of 4 are not the task's batches (measured 3.1e-6 on logits ~10).
+        assert np.abs(np.asarray(row["logits"]) - logits).max() <= 1e-5 * np.abs(logits).max(), photo.name
         assert list(row["top_indices"]) == [t.index for t in top]
         assert row["top_labels"][0] == top[0].label
 

@@ -76,7 +76,9 @@ def _counts_line(indent: str, kind: str, width: int, dtypes: dict[str, int]) -> 
 def add_families(sub) -> None:
     p = sub.add_parser("families", help="list the supported architectures",
                        description="List every supported timm architecture with its family and precisions.")
-    p.add_argument("--json", action="store_true")
+    form = p.add_mutually_exclusive_group()
+    form.add_argument("--json", action="store_true", help="one object per architecture")
+    form.add_argument("--markdown", action="store_true", help="the README's table: one row per family")
     p.set_defaults(run=_cmd_families)
 
 
@@ -86,6 +88,12 @@ def _cmd_families(args) -> int:
     rows = [(f.name, arch, f.precisions, f.summary) for f in all_families() for arch in f.architectures]
     if args.json:
         print(json.dumps([{"family": f, "architecture": a, "precisions": list(p)} for f, a, p, _ in rows], indent=1))
+        return 0
+    if args.markdown:
+        print("| family | architectures | precisions |\n|---|---|---|")
+        for family in all_families():
+            archs = ", ".join(f"`{a}`" for a in family.architectures)
+            print(f"| `{family.name}` | {archs} | {', '.join(family.precisions)} |")
         return 0
     for family in all_families():
         print(f"{family.name}: {family.summary}")
