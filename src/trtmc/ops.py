@@ -75,7 +75,7 @@ class Activation(str, Enum):
     HARD_SIGMOID = "hard_sigmoid"
     SIGMOID = "sigmoid"
     TANH = "tanh"
-    SQRT = "sqrt"  # torch.sqrt: EdgeNeXt's L2 normalization divides by a norm
+    SQRT = "sqrt"  # torch.sqrt, for L2 norms (ConvNeXt V2's GRN, EdgeNeXt's channel attention)
     LEAKY_RELU = "leaky_relu"  # max(x, 0) + negative_slope * min(x, 0), as torch's F.leaky_relu
 
 
