@@ -60,6 +60,7 @@ _MODULES = (
     "efficientformer",
     "mobilevit",
     "edgenext",
+    "fastvit",
 )
 
 ArchT = TypeVar("ArchT")

@@ -252,8 +252,9 @@ def multi_head_attention(
     return linear(g, merge_heads(g, out, prefix), ckpt, f"{prefix}.proj")
 
 
-def layer_scaled(g: GraphBuilder, y: Tensor, ckpt: Checkpoint, gamma: str | None) -> Tensor:
-    """`y` times the per-channel layer scale `gamma` (a tensor name; None: no layer scale), on its last axis.
+def layer_scaled(g: GraphBuilder, y: Tensor, ckpt: Checkpoint, gamma: str | None, *, axis: int = -1) -> Tensor:
+    """`y` times the per-channel layer scale `gamma` (a tensor name; None: no layer scale) along `axis`:
+    the last for tokens, 1 for a map (LayerScale2d, whose gamma is stored as (C, 1, 1)).
 
     Kept as its own op rather than folded into the projection before it: trained gammas are small
     (DINOv2 starts them at 1e-5), and gamma * weight would push fp16 weights into the subnormal range.
@@ -262,8 +263,8 @@ def layer_scaled(g: GraphBuilder, y: Tensor, ckpt: Checkpoint, gamma: str | None
     """
     if gamma is None:
         return y
-    value = ckpt.tensor(gamma)
-    return g.scale(y, gamma.removesuffix(".gamma"), value, np.zeros_like(value), axis=-1)
+    value = ckpt.tensor(gamma).reshape(-1)
+    return g.scale(y, gamma.removesuffix(".gamma"), value, np.zeros_like(value), axis=axis)
 
 
 def transformer_block(

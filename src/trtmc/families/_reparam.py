@@ -4,7 +4,8 @@ that are each, at inference, one convolution and a ReLU, and a linear classifier
 A checkpoint stores a block in training form, parallel conv + batch-norm branches and a batch-normed
 identity that are summed (Ding et al., https://arxiv.org/abs/2101.03697), or already folded into
 timm's `reparam_conv` (what `timm.utils.reparameterize_model` saves); both are accepted, a block mixing
-them is refused. `repvgg.py` and `mobileone.py` name their branches; reading and folding live here.
+them is refused. `repvgg.py` and `mobileone.py` name their branches; reading and folding live here, and
+`fastvit.py` reads and emits its MobileOne and large-kernel blocks with `read_block`, `rep_conv` and `rep_block`.
 """
 
 from __future__ import annotations
@@ -76,7 +77,10 @@ def _read_branches(read: LayoutReader, prefix: str, names: tuple[str, ...], chan
     return widths.pop()
 
 
-def _read_block(read: LayoutReader, prefix: str, channels: int, stride: int, branch_names: BranchNames) -> tuple[RepBlock, int]:
+def read_block(
+    read: LayoutReader, prefix: str, channels: int, stride: int, branch_names: BranchNames
+) -> tuple[RepBlock, int]:
+    """The block at `prefix` reading `channels`, in whichever form the checkpoint holds it; its output width."""
     names = branch_names(read, prefix)
     identity_held = f"{prefix}.{IDENTITY}.weight" in read
     if f"{prefix}.{FUSED}.weight" in read:
@@ -106,11 +110,11 @@ def derive_layout(ckpt: Checkpoint, arch: ArchConfig, branch_names: BranchNames)
     form from which names it holds; only the strides come from `arch`.
     """
     read = LayoutReader(ckpt)
-    stem, channels = _read_block(read, "stem", ckpt.config.pretrained.input_size[0], arch.stem_stride, branch_names)
+    stem, channels = read_block(read, "stem", ckpt.config.pretrained.input_size[0], arch.stem_stride, branch_names)
     blocks = [stem]
     for stage, index in indexed_blocks(ckpt, _BLOCK, stages=len(arch.stage_strides)):
         stride = arch.stage_strides[stage] if index == 0 else 1
-        block, channels = _read_block(read, f"stages.{stage}.{index}", channels, stride, branch_names)
+        block, channels = read_block(read, f"stages.{stage}.{index}", channels, stride, branch_names)
         blocks.append(block)
     read.classifier("head.fc", channels)
     read.finish()
@@ -149,19 +153,30 @@ def fold_block(ckpt: Checkpoint, block: RepBlock, eps: float) -> tuple[np.ndarra
     return kernel.astype(np.float32), bias.astype(np.float32)
 
 
-def _emit_block(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, block: RepBlock, arch: ArchConfig) -> Tensor:
-    name = f"{block.prefix}.{FUSED}"
+def block_kernel(ckpt: Checkpoint, block: RepBlock, eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """The kernel and bias of the block's one convolution: as stored when fused, else folded."""
     if block.fused:
-        kernel, bias = ckpt.tensor(f"{name}.weight"), ckpt.tensor(f"{name}.bias")
-    else:
-        kernel, bias = fold_block(ckpt, block, arch.eps)
+        return ckpt.tensor(f"{block.prefix}.{FUSED}.weight"), ckpt.tensor(f"{block.prefix}.{FUSED}.bias")
+    return fold_block(ckpt, block, eps)
+
+
+def rep_conv(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, block: RepBlock, eps: float) -> Tensor:
+    """The block's one convolution, named `<prefix>.reparam_conv` in either form."""
+    kernel, bias = block_kernel(ckpt, block, eps)
     padding = conv_padding(x, kernel.shape[2:], block.stride, tf_same=False)
-    x = g.conv2d(x, name, kernel, bias, stride=block.stride, padding=padding, groups=x.channels // kernel.shape[1])
-    return g.activation(x, arch.act, f"{block.prefix}.act")
+    return g.conv2d(
+        x, f"{block.prefix}.{FUSED}", kernel, bias, stride=block.stride, padding=padding,
+        groups=x.channels // kernel.shape[1],
+    )
+
+
+def rep_block(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, block: RepBlock, eps: float, act: Activation) -> Tensor:
+    """The block at inference: its one convolution, then `act` (named `<prefix>.act`)."""
+    return g.activation(rep_conv(g, x, ckpt, block, eps), act, f"{block.prefix}.act")
 
 
 def emit(g: GraphBuilder, ckpt: Checkpoint, layout: Layout, arch: ArchConfig) -> Tensor:
     x = image_input(g, ckpt)
     for block in layout.blocks:
-        x = _emit_block(g, x, ckpt, block, arch)
+        x = rep_block(g, x, ckpt, block, arch.eps, arch.act)
     return linear(g, g.global_avg_pool(x, "head.global_pool"), ckpt, "head.fc")
