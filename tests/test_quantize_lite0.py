@@ -6,7 +6,9 @@ Calibration uses the same 22 photos the agreement is measured on (the repository
 these numbers flatter the recipe a little; `trtmc study` keeps calibration and held-out images apart.
 Measured here (CPU, torch 2.14, fp16 compute with FP8/INT8 in the 32 selected of 50 ops): FP8 keeps
 fp32's top-1 on 21 of 22 photos, KL 0.028; the flip is chelsea.png, a tiger cat (282) that fp32
-ranks 1.1% of its top logit above an Egyptian cat (285). INT8: 22 of 22, KL 0.0027.
+ranks 1.1% of its top logit above an Egyptian cat (285). INT8: KL 0.0027-0.0028 and 22 of 22 on one
+machine, 21 of 22 on another (CPU float rounding differs between machines): the flip is imagenet_19_305.jpg,
+which fp32 ranks 305 1.1% above 302 and INT8 puts 0.016 apart the other way, two fp16 steps at 8.5.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ def test_calibration_reads_every_photo_and_every_convolution_and_linear_op(lite0
     assert all(v > 0 for v in scales.input_amax.values())
 
 
-@pytest.mark.parametrize("fmt, agreeing, max_kl", [("fp8", 21, 0.05), ("int8", 22, 0.01)])
+@pytest.mark.parametrize("fmt, agreeing, max_kl", [("fp8", 21, 0.05), ("int8", 21, 0.01)])
 def test_quantized_lite0_keeps_the_fp32_top1_of_the_photos(lite0, fmt, agreeing, max_kl):
     _, _, pixels, fp32 = lite0
     graph = quantized(lite0, fmt)
