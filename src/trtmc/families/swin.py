@@ -235,7 +235,12 @@ def _window_attention(
 
 
 def shifted_window_attention(
-    g: GraphBuilder, y: Tensor, stage: StageSpec, shift: tuple[int, int], attend: Callable[[Tensor], Tensor], prefix: str
+    g: GraphBuilder,
+    y: Tensor,
+    stage: StageSpec,
+    shift: tuple[int, int],
+    attend: Callable[[Tensor], Tensor],
+    prefix: str,
 ) -> Tensor:
     """The attention branch of a block over tokens [N, H, W, C]: roll, partition, `attend` (windows
     [N, windows, w*w, C] to the same), reverse, roll back (timm's SwinTransformerBlock._attn, V1 and V2)."""
@@ -275,7 +280,9 @@ def emit(g: GraphBuilder, ckpt: Checkpoint, layout: Layout, arch: SwinConfig) ->
         for j in range(stage.depth):
             prefix, shift = f"{stage.prefix}.blocks.{j}", stage.shift if j % 2 else (0, 0)
             attend_windows = partial(_window_attention, g, ckpt=ckpt, prefix=f"{prefix}.attn", stage=stage, shift=shift)
-            attend = partial(shifted_window_attention, g, stage=stage, shift=shift, attend=attend_windows, prefix=prefix)
+            attend = partial(
+                shifted_window_attention, g, stage=stage, shift=shift, attend=attend_windows, prefix=prefix
+            )
             x = transformer_block(g, x, ckpt, prefix, attend, eps=arch.norm_eps, act=arch.act)
     x = layer_norm(g, x, ckpt, "norm", arch.norm_eps)
     x = g.reduce(x, "head.global_pool", Reduction.MEAN, (1, 2), keepdim=False)
