@@ -143,6 +143,9 @@ PHOTO_CHECKS = {
     "mobilevit": PhotoCheck("mobilevit_xxs", {"fp16": 1e-4, "bf16": 1e-3}),
     # Measured: fp16 KL 1.1e-7, bf16 6.3e-6.
     "edgenext": PhotoCheck("edgenext_xx_small", {"fp16": 1e-4, "bf16": 1e-3}),
+    # Both architectures hold the same tensors (the window is not one of them). Measured: fp16 KL 3.6e-6,
+    # bf16 8.7e-5 (timm's own fp16 model: 6.3e-6, bf16: 1.0e-4).
+    "swinv2": PhotoCheck("swinv2_tiny_window8_256", {"fp16": 3e-5, "bf16": 5e-4}),
 }
 
 

@@ -52,6 +52,7 @@ MISSING_TENSOR = {
     "efficientformer": ("efficientformer_l1", "stages.2.blocks.4.mlp.norm2.running_var"),
     "mobilevit": ("mobilevit_xxs", "stages.3.1.transformer.2.norm2.bias"),
     "edgenext": ("edgenext_xx_small", "stages.2.blocks.5.norm_xca.bias"),
+    "swinv2": ("swinv2_tiny_window8_256", "layers.2.blocks.3.attn.v_bias"),
 }
 
 
