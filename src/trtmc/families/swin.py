@@ -259,7 +259,7 @@ def gather_patches(g: GraphBuilder, x: Tensor, prefix: str) -> Tensor:
     return g.reshape(x, (height // 2, width // 2, 4 * channels), f"{prefix}.merge")
 
 
-def _merge_patches(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str, arch: SwinConfig) -> Tensor:
+def _merge_patches(g: GraphBuilder, ckpt: Checkpoint, arch: SwinConfig, x: Tensor, prefix: str) -> Tensor:
     """timm's PatchMerging: 2x2 neighbourhoods gathered, normalized, projected."""
     x = layer_norm(g, gather_patches(g, x, prefix), ckpt, f"{prefix}.norm", arch.norm_eps)
     return linear(g, x, ckpt, f"{prefix}.reduction")
@@ -272,21 +272,50 @@ def patch_tokens(g: GraphBuilder, ckpt: Checkpoint, patch: int, eps: float) -> T
     return layer_norm(g, x, ckpt, "patch_embed.norm", eps)
 
 
-def emit(g: GraphBuilder, ckpt: Checkpoint, layout: Layout, arch: SwinConfig) -> Tensor:
-    x = patch_tokens(g, ckpt, layout.patch, arch.norm_eps)
+# A Swin block as the trunk emits it: tokens [N, H, W, C], the block's prefix, its stage and its shift.
+BlockEmitter = Callable[[Tensor, str, StageSpec, tuple[int, int]], Tensor]
+
+
+def emit_trunk(
+    g: GraphBuilder,
+    ckpt: Checkpoint,
+    layout: Layout,
+    eps: float,
+    merge: Callable[[Tensor, str], Tensor],
+    block: BlockEmitter,
+) -> Tensor:
+    """The network around Swin's blocks (V1 and V2): patch tokens, each stage's patch merging (`merge`) and
+    blocks (`block`), every other block shifted, then the final norm, the mean over tokens and the classifier."""
+    x = patch_tokens(g, ckpt, layout.patch, eps)
     for stage in layout.stages:
         if stage.merges:
-            x = _merge_patches(g, x, ckpt, f"{stage.prefix}.downsample", arch)
+            x = merge(x, f"{stage.prefix}.downsample")
         for j in range(stage.depth):
-            prefix, shift = f"{stage.prefix}.blocks.{j}", stage.shift if j % 2 else (0, 0)
-            attend_windows = partial(_window_attention, g, ckpt=ckpt, prefix=f"{prefix}.attn", stage=stage, shift=shift)
-            attend = partial(
-                shifted_window_attention, g, stage=stage, shift=shift, attend=attend_windows, prefix=prefix
-            )
-            x = transformer_block(g, x, ckpt, prefix, attend, eps=arch.norm_eps, act=arch.act)
-    x = layer_norm(g, x, ckpt, "norm", arch.norm_eps)
+            x = block(x, f"{stage.prefix}.blocks.{j}", stage, stage.shift if j % 2 else (0, 0))
+    x = layer_norm(g, x, ckpt, "norm", eps)
     x = g.reduce(x, "head.global_pool", Reduction.MEAN, (1, 2), keepdim=False)
     return linear(g, x, ckpt, "head.fc")
+
+
+def _block(
+    g: GraphBuilder,
+    ckpt: Checkpoint,
+    arch: SwinConfig,
+    x: Tensor,
+    prefix: str,
+    stage: StageSpec,
+    shift: tuple[int, int],
+) -> Tensor:
+    """timm's SwinTransformerBlock: the pre-norm transformer block around shifted-window attention."""
+    attend_windows = partial(_window_attention, g, ckpt=ckpt, prefix=f"{prefix}.attn", stage=stage, shift=shift)
+    attend = partial(shifted_window_attention, g, stage=stage, shift=shift, attend=attend_windows, prefix=prefix)
+    return transformer_block(g, x, ckpt, prefix, attend, eps=arch.norm_eps, act=arch.act)
+
+
+def emit(g: GraphBuilder, ckpt: Checkpoint, layout: Layout, arch: SwinConfig) -> Tensor:
+    return emit_trunk(
+        g, ckpt, layout, arch.norm_eps, partial(_merge_patches, g, ckpt, arch), partial(_block, g, ckpt, arch)
+    )
 
 
 FAMILY = Family(

@@ -18,7 +18,7 @@ from functools import partial
 import numpy as np
 
 from ..checkpoint import Checkpoint, CheckpointError
-from ..graph import Activation, Reduction
+from ..graph import Activation
 from ..graph_builder import GraphBuilder, Tensor
 from . import Family, UnsupportedModel
 from ._layout import LayoutReader
@@ -27,9 +27,9 @@ from .swin import (
     Layout,
     StageSpec,
     gather_patches,
+    emit_trunk,
     merge_window_heads,
     patch_embedding,
-    patch_tokens,
     relative_position_bias,
     shifted_window_attention,
     split_window_heads,
@@ -175,12 +175,12 @@ def _cosine_window_attention(
 
 def _block(
     g: GraphBuilder,
-    x: Tensor,
     ckpt: Checkpoint,
+    arch: SwinV2Config,
+    x: Tensor,
     prefix: str,
     stage: StageSpec,
     shift: tuple[int, int],
-    arch: SwinV2Config,
 ) -> Tensor:
     """timm's SwinTransformerV2Block, res-post-norm: x + norm1(attention(x)), then x + norm2(mlp(x));
     the norms sit inside the residual branches, after what they normalize."""
@@ -194,7 +194,7 @@ def _block(
     return g.add(x, layer_norm(g, y, ckpt, f"{prefix}.norm2", arch.norm_eps), f"{prefix}.residual2")
 
 
-def _merge_patches(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str, arch: SwinV2Config) -> Tensor:
+def _merge_patches(g: GraphBuilder, ckpt: Checkpoint, arch: SwinV2Config, x: Tensor, prefix: str) -> Tensor:
     """timm's V2 PatchMerging: 2x2 neighbourhoods gathered, projected to 2C, then normalized (V1
     normalizes the 4C features before the projection)."""
     x = linear(g, gather_patches(g, x, prefix), ckpt, f"{prefix}.reduction")
@@ -202,15 +202,9 @@ def _merge_patches(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str, ar
 
 
 def emit(g: GraphBuilder, ckpt: Checkpoint, layout: Layout, arch: SwinV2Config) -> Tensor:
-    x = patch_tokens(g, ckpt, layout.patch, arch.norm_eps)
-    for stage in layout.stages:
-        if stage.merges:
-            x = _merge_patches(g, x, ckpt, f"{stage.prefix}.downsample", arch)
-        for j in range(stage.depth):
-            x = _block(g, x, ckpt, f"{stage.prefix}.blocks.{j}", stage, stage.shift if j % 2 else (0, 0), arch)
-    x = layer_norm(g, x, ckpt, "norm", arch.norm_eps)
-    x = g.reduce(x, "head.global_pool", Reduction.MEAN, (1, 2), keepdim=False)
-    return linear(g, x, ckpt, "head.fc")
+    return emit_trunk(
+        g, ckpt, layout, arch.norm_eps, partial(_merge_patches, g, ckpt, arch), partial(_block, g, ckpt, arch)
+    )
 
 
 FAMILY = Family(
