@@ -53,6 +53,7 @@ MISSING_TENSOR = {
     "mobilevit": ("mobilevit_xxs", "stages.3.1.transformer.2.norm2.bias"),
     "edgenext": ("edgenext_xx_small", "stages.2.blocks.5.norm_xca.bias"),
     "fastvit": ("fastvit_t8", "stages.2.blocks.3.token_mixer.mixer.conv_scale.bn.running_var"),
+    "swinv2": ("swinv2_tiny_window8_256", "layers.2.blocks.3.attn.v_bias"),
 }
 
 

@@ -104,6 +104,10 @@ def _randomize_(model, weights: RandomWeights):
                 p.copy_(torch.rand(p.shape, generator=gen) * 0.5 + 0.5)
             elif name.endswith("attention_biases"):  # LeViT's and EfficientFormer's, which timm starts at 0
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+            # Swin V2's cosine-attention scales, all log(10) at init: drawn per head in [1, 5], so some heads
+            # pass timm's clamp at log(100) and a missing clamp shows.
+            elif name.endswith("logit_scale"):
+                p.copy_(torch.rand(p.shape, generator=gen) * 4.0 + 1.0)
         for name, p in model.named_parameters():
             # BEiT and EVA start their attention's relative position bias table and q / v biases at zero:
             # drawn, a bias gathered or placed wrongly moves the logits.

@@ -49,6 +49,7 @@ _MODULES = (
     "resnest",
     "nfnet",
     "swin",
+    "swinv2",
     "beit",
     "densenet",
     "inception_v3",

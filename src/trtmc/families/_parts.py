@@ -1,6 +1,6 @@
 """What several families emit alike: padding math, batch-norm reduction, weight standardization,
-conv-norm-act, SE, softmax attention over branches, linear, norms, multi-head attention, relative position
-indices, the pre-norm transformer block.
+conv-norm-act, SE, softmax attention over branches, linear, norms, multi-head attention, L2 normalization,
+relative position indices, the pre-norm transformer block.
 
 Each helper reads its tensors by timm module path from the checkpoint and names its nodes after
 that path, so graphs map back to the checkpoint. Reading a layout is `_layout.py`'s job.
@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..checkpoint import Checkpoint, CheckpointError
-from ..graph import Activation, GraphError, PoolMode, Reduction
+from ..graph import Activation, Binary, GraphError, PoolMode, Reduction
 from ..graph_builder import GraphBuilder, Tensor
 
 
@@ -203,6 +203,19 @@ def relative_position_index(height: int, width: int) -> np.ndarray:
     offset times (2w - 1) plus the column offset, both made non-negative."""
     rows, cols = np.divmod(np.arange(height * width), width)
     return (rows[:, None] - rows[None, :] + height - 1) * (2 * width - 1) + (cols[:, None] - cols[None, :] + width - 1)
+
+
+def l2_normalize(g: GraphBuilder, x: Tensor, eps: float, source: str) -> Tensor:
+    """F.normalize(x, dim=-1): x / max(||x||, eps), as EdgeNeXt's XCA and Swin V2's cosine attention
+    normalize q and k. Every step stays fp32 in fp16 builds: a sum of squares over a thousand tokens
+    overflows fp16."""
+    axis = len(x.shape) - 1
+    squares = g.binary(x, x, Binary.MUL, f"{source}.square", sensitive=True)
+    norm = g.reduce(squares, f"{source}.sum", Reduction.SUM, (axis,), keepdim=True, sensitive=True)
+    norm = g.activation(norm, Activation.SQRT, f"{source}.sqrt", sensitive=True)
+    floor = g.constant(f"{source}.eps", np.full((1,) * len(x.shape), eps, np.float32))
+    norm = g.binary(norm, floor, Binary.MAX, f"{source}.clamp", sensitive=True)
+    return g.binary(x, norm, Binary.DIV, source, sensitive=True)
 
 
 def split_heads(g: GraphBuilder, qkv: Tensor, heads: int, source: str) -> tuple[Tensor, Tensor, Tensor]:

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..checkpoint import Checkpoint, CheckpointError
-from ..graph import Activation, Binary, Reduction
+from ..graph import Activation
 from ..graph_builder import GraphBuilder, Tensor
 from . import Family
 from ._layout import LayoutReader, indexed_blocks
-from ._parts import conv, image_input, layer_norm, linear
+from ._parts import conv, image_input, l2_normalize, layer_norm, linear
 from .levit import to_map, to_tokens
 
 _BLOCK = r"^stages\.(\d+)\.blocks\.(\d+)\."
@@ -195,18 +195,6 @@ def _emit_mlp(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str, arch: E
     return _layer_scale(g, linear(g, y, ckpt, f"{prefix}.mlp.fc2"), ckpt, f"{prefix}.gamma")
 
 
-def _l2_normalize(g: GraphBuilder, x: Tensor, eps: float, source: str) -> Tensor:
-    """F.normalize(x, dim=-1): x / max(||x||, eps). Every step stays fp32 in fp16 builds: a sum of squares
-    over a thousand tokens overflows fp16."""
-    axis = len(x.shape) - 1
-    squares = g.binary(x, x, Binary.MUL, f"{source}.square", sensitive=True)
-    norm = g.reduce(squares, f"{source}.sum", Reduction.SUM, (axis,), keepdim=True, sensitive=True)
-    norm = g.activation(norm, Activation.SQRT, f"{source}.sqrt", sensitive=True)
-    floor = g.constant(f"{source}.eps", np.full((1,) * len(x.shape), eps, np.float32))
-    norm = g.binary(norm, floor, Binary.MAX, f"{source}.clamp", sensitive=True)
-    return g.binary(x, norm, Binary.DIV, source, sensitive=True)
-
-
 def _cross_covariance_attention(
     g: GraphBuilder, x: Tensor, ckpt: Checkpoint, block: SplitTransposeBlock, arch: EdgeNeXtConfig
 ) -> Tensor:
@@ -221,8 +209,8 @@ def _cross_covariance_attention(
     qkv = g.reshape(qkv, (3 * heads, head_dim, tokens), f"{p}.split_heads")
     q, k, v = (g.slice(qkv, 1, i * heads, (i + 1) * heads, f"{p}.{part}") for i, part in enumerate("qkv"))
     temperature = g.constant(f"{p}.temperature", ckpt.tensor(f"{p}.temperature").reshape(1, heads, 1, 1))
-    q = g.mul(_l2_normalize(g, q, arch.normalize_eps, f"{p}.q_norm"), temperature, f"{p}.temperature")
-    k = _l2_normalize(g, k, arch.normalize_eps, f"{p}.k_norm")
+    q = g.mul(l2_normalize(g, q, arch.normalize_eps, f"{p}.q_norm"), temperature, f"{p}.temperature")
+    k = l2_normalize(g, k, arch.normalize_eps, f"{p}.k_norm")
     y = g.attention(q, k, v, p, scale=1.0)  # [N, heads, d, T]
     y = g.transpose(g.reshape(y, (width, tokens), f"{p}.merge_heads"), (0, 2, 1), f"{p}.merge_heads")
     return linear(g, y, ckpt, f"{p}.proj")

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 from functools import partial
+from typing import Callable
 
 import numpy as np
 
@@ -101,10 +102,10 @@ def _stage(read: LayoutReader, prefix: str, depth: int, width_in: int, resolutio
     return StageSpec(prefix, width, resolution, window, heads, hidden, depth, merges)
 
 
-def derive_layout(ckpt: Checkpoint, arch: SwinConfig) -> Layout:
-    """Stages and blocks from the key names; widths, windows and heads from the shapes."""
-    read = LayoutReader(ckpt)
-    in_chans, height, width_px = ckpt.config.pretrained.input_size
+def patch_embedding(read: LayoutReader) -> tuple[int, int, tuple[int, int]]:
+    """timm's PatchEmbed with its norm (Swin V1 and V2): the patch size, the embedding width and the
+    token grid it makes of the checkpoint's input size."""
+    in_chans, height, width_px = read.ckpt.config.pretrained.input_size
     width, _, patch, patch_w = read.shape("patch_embed.proj.weight", rank=4, dims={1: in_chans})
     if patch != patch_w or height % patch or width_px % patch:
         raise UnsupportedModel(
@@ -113,13 +114,25 @@ def derive_layout(ckpt: Checkpoint, arch: SwinConfig) -> Layout:
         )
     read.conv("patch_embed.proj", in_chans, bias=True)
     read.layer_norm("patch_embed.norm", width)
-    indices = indexed_blocks(ckpt, _BLOCK)
+    return patch, width, (height // patch, width_px // patch)
+
+
+def stage_depths(read: LayoutReader, network: str) -> dict[int, int]:
+    """Each stage's block count, stage by stage, from the layers.<i>.blocks.<j> names."""
+    indices = indexed_blocks(read.ckpt, _BLOCK)
     if not indices:
-        raise CheckpointError(f"{read.arch}: no layers.<i>.blocks.<j> tensors; not a Swin Transformer checkpoint")
-    depths = Counter(stage for stage, _ in indices)
-    stages, resolution = [], (height // patch, width_px // patch)
-    for i in sorted(depths):
-        stages.append(_stage(read, f"layers.{i}", depths[i], width, resolution, first=not stages))
+        raise CheckpointError(f"{read.arch}: no layers.<i>.blocks.<j> tensors; not a {network} checkpoint")
+    return dict(sorted(Counter(stage for stage, _ in indices).items()))
+
+
+def derive_layout(ckpt: Checkpoint, arch: SwinConfig) -> Layout:
+    """Stages and blocks from the key names; widths, windows and heads from the shapes."""
+    read = LayoutReader(ckpt)
+    patch, width, resolution = patch_embedding(read)
+    depths = stage_depths(read, "Swin Transformer")
+    stages = []
+    for i, depth in depths.items():
+        stages.append(_stage(read, f"layers.{i}", depth, width, resolution, first=not stages))
         width, resolution = stages[-1].width, stages[-1].resolution
     read.layer_norm("norm", width)
     read.classifier("head.fc", width, bias=True)
@@ -147,10 +160,9 @@ def shifted_window_mask(resolution: tuple[int, int], window: int, shift: tuple[i
     return np.where(windows[:, None, :] != windows[:, :, None], _MASKED, 0.0).astype(np.float32)
 
 
-def _attention_bias(ckpt: Checkpoint, prefix: str, stage: StageSpec, shift: tuple[int, int]) -> np.ndarray:
-    """[1, windows * heads, w*w, w*w], window-major: the relative position bias of every head, plus the
-    shifted-window mask of every window, summed in float32 as timm sums them."""
-    bias = relative_position_bias(ckpt.tensor(f"{prefix}.relative_position_bias_table"), stage.window)
+def windowed_bias(bias: np.ndarray, stage: StageSpec, shift: tuple[int, int]) -> np.ndarray:
+    """[1, windows * heads, w*w, w*w], window-major: each head's position bias `bias` [heads, w*w, w*w]
+    in every window, plus the shifted-window mask of every window, summed in float32 as timm sums them."""
     windows = (stage.resolution[0] // stage.window) * (stage.resolution[1] // stage.window)
     bias = np.repeat(bias[None], windows, axis=0)
     if any(shift):
@@ -158,7 +170,7 @@ def _attention_bias(ckpt: Checkpoint, prefix: str, stage: StageSpec, shift: tupl
     return bias.reshape(1, -1, stage.tokens, stage.tokens)
 
 
-def _roll(g: GraphBuilder, x: Tensor, shift: tuple[int, int], source: str) -> Tensor:
+def roll(g: GraphBuilder, x: Tensor, shift: tuple[int, int], source: str) -> Tensor:
     """torch.roll(x, shift, dims=(1, 2)) on [N, H, W, C], as two slices and a concat per rolled axis."""
     for axis, by in zip((1, 2), shift):
         if not by:
@@ -170,7 +182,7 @@ def _roll(g: GraphBuilder, x: Tensor, shift: tuple[int, int], source: str) -> Te
     return x
 
 
-def _partition(g: GraphBuilder, x: Tensor, window: int, source: str) -> Tensor:
+def window_partition(g: GraphBuilder, x: Tensor, window: int, source: str) -> Tensor:
     """[N, H, W, C] -> [N, windows, w*w, C], windows row-major: timm's window_partition, batch kept first."""
     _, height, width, channels = x.shape
     x = g.reshape(x, (height // window, window, width // window, window, channels), f"{source}.partition")
@@ -178,7 +190,7 @@ def _partition(g: GraphBuilder, x: Tensor, window: int, source: str) -> Tensor:
     return g.reshape(x, ((height // window) * (width // window), window * window, channels), f"{source}.partition")
 
 
-def _reverse(g: GraphBuilder, x: Tensor, resolution: tuple[int, int], window: int, source: str) -> Tensor:
+def window_reverse(g: GraphBuilder, x: Tensor, resolution: tuple[int, int], window: int, source: str) -> Tensor:
     """[N, windows, w*w, C] -> [N, H, W, C]: timm's window_reverse."""
     height, width = resolution
     channels = x.shape[-1]
@@ -187,65 +199,123 @@ def _reverse(g: GraphBuilder, x: Tensor, resolution: tuple[int, int], window: in
     return g.reshape(x, (height, width, channels), f"{source}.reverse")
 
 
-def _window_attention(
-    g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str, stage: StageSpec, shift: tuple[int, int]
-) -> Tensor:
-    """timm's WindowAttention over windows [N, windows, w*w, C], one ATTENTION op for all of them: the
-    windows and heads share its second axis, window-major, and the bias holds each pair's share."""
-    _, windows, tokens, channels = x.shape
-    heads, head_dim = stage.heads, channels // stage.heads
-    qkv = linear(g, x, ckpt, f"{prefix}.qkv")
+def split_window_heads(g: GraphBuilder, qkv: Tensor, heads: int, prefix: str) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k, v as [N, windows * heads, w*w, d], window-major, from a fused projection [N, windows, w*w,
+    3 * heads * d] whose features run (q | k | v, head, d): one ATTENTION op then serves every window."""
+    _, windows, tokens, features = qkv.shape
+    head_dim = features // (3 * heads)
     qkv = g.reshape(qkv, (windows, tokens, 3 * heads, head_dim), f"{prefix}.split_heads")
     qkv = g.transpose(qkv, (0, 1, 3, 2, 4), f"{prefix}.split_heads")  # [N, windows, (q|k|v, head), w*w, d]
     q, k, v = (
         g.reshape(g.slice(qkv, 2, i * heads, (i + 1) * heads, f"{prefix}.{part}"), (windows * heads, tokens, head_dim), f"{prefix}.{part}")
         for i, part in enumerate("qkv")
     )
-    out = g.attention(q, k, v, prefix, scale=head_dim**-0.5, bias=_attention_bias(ckpt, prefix, stage, shift))
+    return q, k, v
+
+
+def merge_window_heads(g: GraphBuilder, out: Tensor, windows: int, prefix: str) -> Tensor:
+    """[N, windows * heads, w*w, d] back to [N, windows, w*w, heads * d]."""
+    _, window_heads, tokens, head_dim = out.shape
+    heads = window_heads // windows
     out = g.reshape(out, (windows, heads, tokens, head_dim), f"{prefix}.merge_heads")
     out = g.transpose(out, (0, 1, 3, 2, 4), f"{prefix}.merge_heads")
-    out = g.reshape(out, (windows, tokens, channels), f"{prefix}.merge_heads")
-    return linear(g, out, ckpt, f"{prefix}.proj")
+    return g.reshape(out, (windows, tokens, heads * head_dim), f"{prefix}.merge_heads")
 
 
-def _shifted_window_attention(
-    g: GraphBuilder, y: Tensor, ckpt: Checkpoint, prefix: str, stage: StageSpec, shift: tuple[int, int]
+def _window_attention(
+    g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str, stage: StageSpec, shift: tuple[int, int]
 ) -> Tensor:
-    """The attention branch of a block over normalized tokens [N, H, W, C]: roll, partition, attend,
-    reverse, roll back (timm's SwinTransformerBlock._attn)."""
+    """timm's WindowAttention over windows [N, windows, w*w, C], one ATTENTION op for all of them: the
+    windows and heads share its second axis, window-major, and the bias holds each pair's share."""
+    q, k, v = split_window_heads(g, linear(g, x, ckpt, f"{prefix}.qkv"), stage.heads, prefix)
+    table = ckpt.tensor(f"{prefix}.relative_position_bias_table")
+    bias = windowed_bias(relative_position_bias(table, stage.window), stage, shift)
+    out = g.attention(q, k, v, prefix, scale=q.shape[-1] ** -0.5, bias=bias)
+    return linear(g, merge_window_heads(g, out, x.shape[1], prefix), ckpt, f"{prefix}.proj")
+
+
+def shifted_window_attention(
+    g: GraphBuilder,
+    y: Tensor,
+    stage: StageSpec,
+    shift: tuple[int, int],
+    attend: Callable[[Tensor], Tensor],
+    prefix: str,
+) -> Tensor:
+    """The attention branch of a block over tokens [N, H, W, C]: roll, partition, `attend` (windows
+    [N, windows, w*w, C] to the same), reverse, roll back (timm's SwinTransformerBlock._attn, V1 and V2)."""
     if any(shift):
-        y = _roll(g, y, (-shift[0], -shift[1]), f"{prefix}.shift")
-    y = _window_attention(g, _partition(g, y, stage.window, prefix), ckpt, f"{prefix}.attn", stage, shift)
-    y = _reverse(g, y, stage.resolution, stage.window, prefix)
-    return _roll(g, y, shift, f"{prefix}.unshift") if any(shift) else y
+        y = roll(g, y, (-shift[0], -shift[1]), f"{prefix}.shift")
+    y = window_reverse(g, attend(window_partition(g, y, stage.window, prefix)), stage.resolution, stage.window, prefix)
+    return roll(g, y, shift, f"{prefix}.unshift") if any(shift) else y
 
 
-def _merge_patches(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str, arch: SwinConfig) -> Tensor:
-    """timm's PatchMerging on [N, H, W, C]: each 2x2 neighbourhood's features, column offset outer and row
-    offset inner, concatenated to 4C, normalized and projected."""
+def gather_patches(g: GraphBuilder, x: Tensor, prefix: str) -> Tensor:
+    """[N, H, W, C] -> [N, H/2, W/2, 4C]: each 2x2 neighbourhood's features, column offset outer and row
+    offset inner, as timm's PatchMerging (V1 and V2) concatenates them."""
     _, height, width, channels = x.shape
     x = g.reshape(x, (height // 2, 2, width // 2, 2, channels), f"{prefix}.merge")
     x = g.transpose(x, (0, 1, 3, 4, 2, 5), f"{prefix}.merge")
-    x = g.reshape(x, (height // 2, width // 2, 4 * channels), f"{prefix}.merge")
-    x = layer_norm(g, x, ckpt, f"{prefix}.norm", arch.norm_eps)
+    return g.reshape(x, (height // 2, width // 2, 4 * channels), f"{prefix}.merge")
+
+
+def _merge_patches(g: GraphBuilder, ckpt: Checkpoint, arch: SwinConfig, x: Tensor, prefix: str) -> Tensor:
+    """timm's PatchMerging: 2x2 neighbourhoods gathered, normalized, projected."""
+    x = layer_norm(g, gather_patches(g, x, prefix), ckpt, f"{prefix}.norm", arch.norm_eps)
     return linear(g, x, ckpt, f"{prefix}.reduction")
 
 
-def emit(g: GraphBuilder, ckpt: Checkpoint, layout: Layout, arch: SwinConfig) -> Tensor:
-    x = image_input(g, ckpt)
-    x = conv(g, x, ckpt, "patch_embed.proj", stride=layout.patch, padding=0)
-    x = g.transpose(x, (0, 2, 3, 1), "patch_embed.nhwc")  # timm's Swin works on [N, H, W, C] tokens
-    x = layer_norm(g, x, ckpt, "patch_embed.norm", arch.norm_eps)
+def patch_tokens(g: GraphBuilder, ckpt: Checkpoint, patch: int, eps: float) -> Tensor:
+    """The image as normalized patch tokens [N, H, W, C]: timm's Swin (V1 and V2) works channels-last."""
+    x = conv(g, image_input(g, ckpt), ckpt, "patch_embed.proj", stride=patch, padding=0)
+    x = g.transpose(x, (0, 2, 3, 1), "patch_embed.nhwc")
+    return layer_norm(g, x, ckpt, "patch_embed.norm", eps)
+
+
+# A Swin block as the trunk emits it: tokens [N, H, W, C], the block's prefix, its stage and its shift.
+BlockEmitter = Callable[[Tensor, str, StageSpec, tuple[int, int]], Tensor]
+
+
+def emit_trunk(
+    g: GraphBuilder,
+    ckpt: Checkpoint,
+    layout: Layout,
+    eps: float,
+    merge: Callable[[Tensor, str], Tensor],
+    block: BlockEmitter,
+) -> Tensor:
+    """The network around Swin's blocks (V1 and V2): patch tokens, each stage's patch merging (`merge`) and
+    blocks (`block`), every other block shifted, then the final norm, the mean over tokens and the classifier."""
+    x = patch_tokens(g, ckpt, layout.patch, eps)
     for stage in layout.stages:
         if stage.merges:
-            x = _merge_patches(g, x, ckpt, f"{stage.prefix}.downsample", arch)
+            x = merge(x, f"{stage.prefix}.downsample")
         for j in range(stage.depth):
-            prefix, shift = f"{stage.prefix}.blocks.{j}", stage.shift if j % 2 else (0, 0)
-            attend = partial(_shifted_window_attention, g, ckpt=ckpt, prefix=prefix, stage=stage, shift=shift)
-            x = transformer_block(g, x, ckpt, prefix, attend, eps=arch.norm_eps, act=arch.act)
-    x = layer_norm(g, x, ckpt, "norm", arch.norm_eps)
+            x = block(x, f"{stage.prefix}.blocks.{j}", stage, stage.shift if j % 2 else (0, 0))
+    x = layer_norm(g, x, ckpt, "norm", eps)
     x = g.reduce(x, "head.global_pool", Reduction.MEAN, (1, 2), keepdim=False)
     return linear(g, x, ckpt, "head.fc")
+
+
+def _block(
+    g: GraphBuilder,
+    ckpt: Checkpoint,
+    arch: SwinConfig,
+    x: Tensor,
+    prefix: str,
+    stage: StageSpec,
+    shift: tuple[int, int],
+) -> Tensor:
+    """timm's SwinTransformerBlock: the pre-norm transformer block around shifted-window attention."""
+    attend_windows = partial(_window_attention, g, ckpt=ckpt, prefix=f"{prefix}.attn", stage=stage, shift=shift)
+    attend = partial(shifted_window_attention, g, stage=stage, shift=shift, attend=attend_windows, prefix=prefix)
+    return transformer_block(g, x, ckpt, prefix, attend, eps=arch.norm_eps, act=arch.act)
+
+
+def emit(g: GraphBuilder, ckpt: Checkpoint, layout: Layout, arch: SwinConfig) -> Tensor:
+    return emit_trunk(
+        g, ckpt, layout, arch.norm_eps, partial(_merge_patches, g, ckpt, arch), partial(_block, g, ckpt, arch)
+    )
 
 
 FAMILY = Family(
