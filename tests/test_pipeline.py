@@ -4,6 +4,7 @@ records that do not stop the run, bounded read-ahead, and how folders, lists and
 from __future__ import annotations
 
 import itertools
+import multiprocessing
 import shutil
 
 import numpy as np
@@ -67,6 +68,19 @@ def test_the_pipeline_reads_ahead_a_bounded_number_of_files(runtime):
         # Files taken from the source but not yet yielded: at most the read-ahead window plus two batches
         # (one filling, one in flight), however many files have gone through.
         assert drawn - count <= window + 2 * options.batch_size, (count, drawn)
+
+
+def test_one_photo_is_decoded_without_starting_a_pool_of_processes(runtime):
+    # A fresh process classifying one photo has nothing for 16 forked decoders to do but start and stop.
+    def children_while_streaming(paths, workers):
+        results = classify_files(runtime, paths, PipelineOptions(workers=workers))
+        next(results)
+        children = multiprocessing.active_children()
+        list(results)
+        return children
+
+    assert children_while_streaming([PHOTOS[0]], workers=4) == []
+    assert len(children_while_streaming(PHOTOS[:8], workers=2)) == 2  # the check above can fail
 
 
 def test_a_batch_size_beyond_the_engine_is_refused_with_the_fix(runtime):
