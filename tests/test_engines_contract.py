@@ -171,6 +171,17 @@ def test_engine_refuses_pixels_of_the_wrong_shape_or_dtype_naming_expected_and_g
 
 
 @pytest.mark.parametrize("kind", engine_kinds())
+def test_engine_reads_channels_last_pixels_as_it_reads_contiguous_ones(loaded, kind):
+    # Normalizing NHWC bytes gives an NCHW view with channels-last strides (trtmc.ray passes such
+    # pixels); a compiled CPU kernel that assumed contiguous NCHW read them as other pixels.
+    _, engine = loaded(kind)
+    x = pixels(2, seed=4, device=kind[1])
+    strided = x.contiguous(memory_format=torch.channels_last)
+    assert not strided.is_contiguous() and torch.equal(strided, x)
+    assert torch.equal(engine(strided), engine(x))
+
+
+@pytest.mark.parametrize("kind", engine_kinds())
 def test_warm_up_does_the_one_time_work_and_changes_no_answer(loaded, kind):
     _, engine = loaded(kind)
     x = pixels(MAX_BATCH, seed=3, device=kind[1])
@@ -189,6 +200,23 @@ def test_engine_logits_equal_the_reference_engines_within_1e_4_of_the_largest(lo
         got = engine(x.to(kind[1])).cpu()
         relative = float((got - expected).abs().max() / expected.abs().max())
         assert relative <= TOLERANCE[kind[1]], f"batch {batch}: {relative:.2e} of the largest logit"
+
+
+def test_a_cuda_engine_compiles_from_the_bundles_caches_without_inductors_worker_pool(monkeypatch):
+    # Inductor's pool (a process per core, each importing torch) cost 7 s at exit on the H200 machine
+    # (benchmarks/NOTES.md, run 5); a user's own TORCHINDUCTOR_COMPILE_THREADS still wins.
+    import torch._inductor.config as inductor_config
+
+    from trtmc.backends.inductor import _compiling_from_caches
+
+    monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS", raising=False)
+    before = inductor_config.compile_threads
+    with _compiling_from_caches():
+        assert inductor_config.compile_threads == 1
+    assert inductor_config.compile_threads == before
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "8")
+    with _compiling_from_caches():
+        assert inductor_config.compile_threads == before
 
 
 # ---- engines that cannot run here: checked against the protocol, not mocked --------------------------

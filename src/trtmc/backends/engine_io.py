@@ -90,9 +90,16 @@ class EngineBase:
         for batch in self._batching.warm_up_sizes():
             self(self._pixels.zeros(batch))
 
+    # Engines that copy the pixels into buffers of their own take any strides; the others get them
+    # contiguous: compiled kernels index contiguous NCHW and would read a channels-last view (what
+    # normalizing NHWC bytes gives) as other pixels.
+    copies_input = False
+
     def __call__(self, pixels: torch.Tensor) -> torch.Tensor:
         # Compiled code trusts its input's shape: the check keeps a wrong one from reading out of bounds.
         self._pixels.check(pixels, self._batching)
+        if not self.copies_input:
+            pixels = pixels.contiguous()
         with torch.no_grad():
             return owned_logits(self._forward(pixels))
 

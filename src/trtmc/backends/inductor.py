@@ -11,6 +11,7 @@ with static input and output buffers (the caller gets a copy of the output, neve
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
@@ -155,6 +156,21 @@ def _compile_cuda(graph: Graph):
     return torch.compile(module, dynamic=False)
 
 
+def _compiling_from_caches():
+    """Inductor settings for a compile the bundle's caches answer: no pool of compile workers.
+
+    Inductor starts one worker process per core (each importing torch) the first time it compiles,
+    and stops them at exit; with every kernel in the bundle's caches they have nothing to do but
+    cost start-up and exit time. A cache miss still compiles, in this process. A user who set
+    TORCHINDUCTOR_COMPILE_THREADS keeps their setting.
+    """
+    if "TORCHINDUCTOR_COMPILE_THREADS" in os.environ:
+        return contextlib.nullcontext()
+    import torch._inductor.config
+
+    return torch._inductor.config.patch(compile_threads=1)
+
+
 def unavailable_reason(entry: EngineEntry) -> str | None:
     missing = device_missing_reason(entry.device)
     if missing:
@@ -201,6 +217,8 @@ class InductorCudaEngine(EngineBase):
     """torch.compile with the bundle's Inductor caches, replayed in one CUDA graph per batch size
     (captured on a size's first call, or in `warm_up`)."""
 
+    copies_input = True  # into the graph's static (channels-last) buffer
+
     def __init__(self, graph: Graph, cache: bytes, batching: Batching) -> None:
         super().__init__(PixelSpec.of(graph, "cuda"), batching)
         torch.compiler.load_cache_artifacts(cache)
@@ -211,7 +229,7 @@ class InductorCudaEngine(EngineBase):
         static_in = _cuda_layout(self._pixels.zeros(batch))
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
-        with torch.no_grad(), torch.cuda.stream(stream):
+        with torch.no_grad(), torch.cuda.stream(stream), _compiling_from_caches():
             for _ in range(3):  # compile (warm, from the cache) and settle allocations outside capture
                 self._compiled(static_in)
         torch.cuda.current_stream().wait_stream(stream)

@@ -39,6 +39,8 @@ class TensorRTEngine(EngineBase):
     The optimization profile serves every batch 1..max_batch; each batch size gets its context and
     buffers on first use (or in `warm_up`)."""
 
+    copies_input = True  # into its slot's input buffer
+
     def __init__(self, plan: bytes, entry: EngineEntry, graph: Graph) -> None:
         reason = plan_unavailable_reason(entry.record)
         if reason:
