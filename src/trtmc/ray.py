@@ -40,12 +40,13 @@ class ClassifyBatch:
         self.runtime = Runtime.open(bundle, engine=engine)
         self.top_k = top_k
 
-    def _pixels(self, batch: dict[str, Any]) -> torch.Tensor:
+    def _crops(self, batch: dict[str, Any]) -> np.ndarray:
+        """The batch's images resized and center-cropped as 8-bit NHWC, as the task crops files."""
         from PIL import Image
 
         spec = self.runtime.preprocess
         if "image" in batch:
-            images = []
+            crops = []
             for position, array in enumerate(batch["image"]):
                 array = np.asarray(array)
                 if array.dtype != np.uint8 or array.ndim != 3 or array.shape[2] != 3:
@@ -53,16 +54,19 @@ class ClassifyBatch:
                         f"image #{position}: expected an HWC uint8 RGB array (ray.data.read_images(..., mode='RGB')), "
                         f"got {array.dtype} {array.shape}"
                     )
-                images.append(spec.from_pil(Image.fromarray(array, "RGB")))
-            return torch.stack(images)
+                crops.append(spec.crop_pil(Image.fromarray(array, "RGB")))
+            return np.stack(crops)
         if "path" in batch:
-            return torch.stack([spec.from_pil(load_image(Path(str(p)))) for p in batch["path"]])
+            return np.stack([spec.crop_pil(load_image(Path(str(p)))) for p in batch["path"]])
         raise InvalidInput(f"the batch needs an 'image' or a 'path' column, it has {', '.join(batch) or 'none'}")
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         if not len(next(iter(batch.values()), [])):
             raise InvalidInput("an empty batch")
-        logits = self.runtime.logits(self._pixels(batch))
+        # Normalized where the engine runs, the whole batch at once (as trtmc.pipeline does): the same
+        # float32 operations as the task's, so the same logits.
+        crops = torch.from_numpy(self._crops(batch)).to(self.runtime.device)
+        logits = self.runtime.logits(self.runtime.preprocess.normalize_bytes(crops))
         scores = ClassScores(logits, self.runtime.label_names, self.runtime.label_descriptions)
         top = scores.top(self.top_k)
         out = dict(batch)

@@ -138,7 +138,8 @@ class Runtime:
         return int(self.graph.node(self.graph.outputs[0]).type.shape[-1])
 
     def logits(self, pixels: torch.Tensor) -> np.ndarray:
-        """Preprocessed NCHW float32 host pixels -> float32 logits [N, classes] on the host."""
+        """Preprocessed NCHW float32 pixels (on the host or the engine's device) -> float32 logits
+        [N, classes] on the host."""
         if pixels.dim() != 4 or pixels.shape[0] == 0:
             raise ValueError(f"expected a non-empty NCHW batch of pixels, got shape {tuple(pixels.shape)}")
         batching = self.batching
