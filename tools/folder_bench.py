@@ -6,7 +6,8 @@
    process: images/s, their ratio, peak RSS, every file's top-1 against timm's. `--no-baselines` leaves
    out the engine-scope baselines (their compiles), not the folder scope's DataLoader baseline.
 2. A Ray Data run over the 2,002-file folder with the bundle step 1 built:
-   `ray.data.read_images(..., mode="RGB")` -> `map_batches(trtmc.ray.ClassifyBatch, num_gpus=1, ...)`,
+   `ray.data.read_images(..., mode="RGB")` -> `map_batches(trtmc.ray.ClassifyBatch, ...)` on --ray-actors actors
+   sharing --ray-gpus GPUs,
    images/s over the whole run and from its first result on, and top-1 against timm's per photo;
    skipped, with the reason in ray.json, where `import ray` fails.
 
@@ -74,9 +75,9 @@ def ray_run(args, out: Path) -> dict:
     ds = ds.map_batches(
         ClassifyBatch,
         fn_constructor_kwargs={"bundle": str(bundle), "top_k": 5},
-        compute=ray.data.ActorPoolStrategy(size=1),
+        compute=ray.data.ActorPoolStrategy(size=args.ray_actors),
         batch_size=args.batch,
-        num_gpus=args.ray_gpus,
+        num_gpus=args.ray_gpus / args.ray_actors,  # the actors share the GPUs asked for
     )
     rows = agree = 0
     first = None
@@ -98,7 +99,7 @@ def ray_run(args, out: Path) -> dict:
         "images_per_s_after_first_batch": None if not after_first else round((rows - first_rows) / after_first, 1),
         "top1_equal_to_timm": agree,
         "batch_size": args.batch,
-        "actors": 1,
+        "actors": args.ray_actors,
         "num_gpus": args.ray_gpus,
         "ray": ray.__version__,
         "bundle": str(bundle),
@@ -155,7 +156,9 @@ def main() -> int:
     parser.add_argument("--skip-ray", action="store_true")
     parser.add_argument("--reuse-bundle", action="store_true",
                         help="use the bundle an earlier call left in --workdir instead of building it again")
-    parser.add_argument("--ray-gpus", type=float, default=1.0, help="num_gpus of the Ray actor (0 on a CPU machine)")
+    parser.add_argument("--ray-gpus", type=float, default=1.0, help="GPUs the Ray actors share (0 on a CPU machine)")
+    parser.add_argument("--ray-actors", type=int, default=1, help="Ray actors (each opens the bundle once)")
+    parser.add_argument("--ray-json", default="ray.json", help="file name of the Ray step's result in --out")
     args = parser.parse_args()
     args.images = args.images or [2002, 20000]
     args.out.mkdir(parents=True, exist_ok=True)
@@ -168,7 +171,7 @@ def main() -> int:
     except Exception as exc:  # the bench's results still get their summary
         logging.exception("the Ray step failed")
         ray_result = {"error": f"{type(exc).__name__}: {exc}"}
-    (args.out / "ray.json").write_text(json.dumps(ray_result, indent=1) + "\n")
+    (args.out / args.ray_json).write_text(json.dumps(ray_result, indent=1) + "\n")
     text = summary(args.out, ray_result)
     (args.out / "summary.txt").write_text(text)
     print(text, end="")

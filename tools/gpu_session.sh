@@ -1,77 +1,152 @@
 #!/usr/bin/env bash
-# One call on the GPU machine (H200, torch 2.11, no network) for the numbers in benchmarks/NOTES.md:
-#   1. cold start: `trtmc classify` of one photo in a fresh process, for lite0 (real weights), ghostnet_100 and
-#      resnet50 (random weights), fp16, --max-batch 64 (issue 10);
-#   2. folders: `trtmc classify` over 2,002 and 20,000 photos (the 22 repo photos linked round-robin):
-#      images/s and peak RSS (issue 10);
-#   3. the folder scope of `trtmc bench` on 2,002 files: trtmc against DataLoader + torch.compile (issue 10);
-#   4. `trtmc bench` on vit_base_patch16_224 and ghostnet_100 against the expert baseline (issues 8 and 12).
-# Every step has its own time limit and the next one runs whatever happened. $OUT receives session.log,
-# measurements.jsonl (wall time and peak RSS per command) and bench/ (results.json, results.md, latency.png).
-#   OUT=/tmp/out bash tools/gpu_session.sh
+# Issue 10's numbers on the GPU machine (H200, torch 2.11, no network), one call; benchmarks/NOTES.md reads them.
+# Steps, run in the order given (default: bundles cold folders folderbench aoti):
+#   bundles      lite0 (real weights), ghostnet_100 and resnet50 (random weights), fp16, cuda, --max-batch 64, in
+#                parallel, and an AOTInductor CUDA package of lite0 beside them (tools/aoti_cuda_probe.py export);
+#                `bundles-lite0` builds lite0 only
+#   cold         `trtmc -v classify BUNDLE chelsea.png` in a fresh process with empty Inductor and Triton disk
+#                caches (a user's first run on a new machine: only the bundle's caches), lite0 twice, lite0 with
+#                TORCHINDUCTOR_COMPILE_THREADS=16 (Inductor's default worker pool, for comparison), ghostnet_100,
+#                resnet50
+#   folders      `trtmc classify` over 2,002 and 20,000 photos (the 22 repo photos linked round-robin)
+#   probe        tools/pipeline_probe.py on the 2,002 photos: decoding alone and the whole pipeline, profiled
+#   folderbench  the folder scope of `trtmc bench` (2,002 and 20,000 files, trtmc against timm + DataLoader +
+#                torch.compile) and Ray Data over the 2,002 files (tools/folder_bench.py), with Ray from
+#                .whl/ray-site.tar.xz where it was carried
+#   ray          Ray Data alone over 2,002 files (1 actor, then 4 sharing the GPU), timm's top-1 from run 5's folder bench
+#   aoti         the AOTInductor package (exported here unless `bundles` did) loaded in a fresh process with the system libstdc++ preloaded
+#                (tools/aoti_cuda_probe.py load): load time and its profile, first call, parity, CUDA-graph capture
+# Every step has its own time limit. $OUT gets session.log and results.tar.gz (measurements.jsonl: wall time and
+# peak RSS per command; folder/: the bench's results and ray.json; aoti/; probe/).
+#   OUT=/tmp/out bash tools/gpu_session.sh bundles-lite0 probe folderbench aoti
 set -u
 export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/gpu-session}
 WORK=${WORK:-/tmp/trtmc-gpu}
-mkdir -p "$OUT" "$WORK"
+LIMIT=${LIMIT:-585}  # seconds this script may run: the last step gets what is left
+RESULTS="$WORK/results"
+mkdir -p "$OUT" "$RESULTS/aoti"
 LOG="$OUT/session.log"
-step() { echo "=== $(date +%T) $*" | tee -a "$LOG"; }
-trtmc() { python3 -m trtmc "$@"; }
-measure() { local name=$1; shift; python3 tools/measure.py "$OUT/measurements.jsonl" "$name" -- "$@" >>"$LOG" 2>&1; }
+say() { echo "=== $(date +%T) +${SECONDS}s $*" | tee -a "$LOG"; }
+measure() { local name=$1; shift; python3 tools/measure.py "$RESULTS/measurements.jsonl" "$name" -- "$@" >>"$LOG" 2>&1; }
+left() { echo $((LIMIT - SECONDS)); }
 
-step "machine"
-{ nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv; python3 -c "import torch; print(torch.__version__, torch.cuda.get_device_name())"; nproc; } >>"$LOG" 2>&1
-
-step "checkpoints and bundles (fp16, cuda, max batch 64), built in parallel"
-python3 - >>"$LOG" 2>&1 <<'PY'
-from pathlib import Path
-from trtmc.random_weights import save_random_checkpoint
-work = Path("/tmp/trtmc-gpu")
-for arch in ("ghostnet_100", "resnet50"):
-    if not (work / arch / "config.json").is_file():
-        save_random_checkpoint(arch, work / arch)
-PY
-for model in lite0:examples/checkpoints/tf_efficientnet_lite0.in1k ghostnet_100:$WORK/ghostnet_100 resnet50:$WORK/resnet50; do
-    name=${model%%:*}; path=${model#*:}
-    ( timeout 240 python3 -m trtmc build "$path" -o "$WORK/$name.bundle" --precision fp16 --device cuda --max-batch 64 -q \
-        >"$WORK/build-$name.log" 2>&1; echo "build $name: $?" >>"$LOG" ) &
-done
-wait
-cat "$WORK"/build-*.log >>"$LOG"
-
-step "cold start: one photo in a fresh process (lite0 twice), -v logs the breakdown"
-for run in lite0:1 lite0:2 ghostnet_100:1 resnet50:1; do
-    name=${run%%:*}
-    measure "cold-$name-${run#*:}" timeout 90 python3 -m trtmc -v classify "$WORK/$name.bundle" examples/images/chelsea.png --top-k 1
-done
-
-step "folders of 2,002 and 20,000 photos through trtmc classify"
-python3 - >>"$LOG" 2>&1 <<'PY'
+machine() {
+    { nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv; python3 -c "import torch; print(torch.__version__, torch.cuda.get_device_name())"; nproc; } >>"$LOG" 2>&1
+    if [ -f .whl/ray-site.tar.xz ]; then
+        ( mkdir -p /tmp/raysite && tar -xJf .whl/ray-site.tar.xz -C /tmp/raysite && echo "ray unpacked" >>"$LOG" ) &
+    fi
+    python3 - >>"$LOG" 2>&1 <<'PY'
 import os
 from pathlib import Path
 photos = sorted(p.resolve() for p in Path("examples/images").iterdir() if p.suffix in (".jpg", ".png"))
 for count in (2002, 20000):
     folder = Path(f"/tmp/trtmc-gpu/photos-{count}")
-    folder.mkdir(exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)
     for i in range(count):
         link = folder / f"{i:05d}{photos[i % len(photos)].suffix}"
         if not link.exists():
             os.symlink(photos[i % len(photos)], link)
 PY
-for count in 2002 20000; do
-    measure "folder-lite0-$count" timeout 240 python3 -m trtmc classify "$WORK/lite0.bundle" "$WORK/photos-$count" --top-k 1 \
-        --output "$WORK/scores-$count.csv"
+}
+
+build_one() {  # NAME CHECKPOINT
+    timeout 200 python3 -m trtmc build "$2" -o "$WORK/$1.bundle" --precision fp16 --device cuda --max-batch 64 -q \
+        >"$WORK/build-$1.log" 2>&1
+    echo "build $1: $?" >>"$LOG"
+}
+
+aoti_export() {
+    timeout 240 python3 tools/aoti_cuda_probe.py export "$WORK/lite0.bundle" "$RESULTS/aoti" 1 >"$WORK/aoti-export.log" 2>&1
+    echo "aoti export: $?" >>"$LOG"
+}
+
+bundles() {
+    python3 - >>"$LOG" 2>&1 <<'PY'
+from pathlib import Path
+from trtmc.random_weights import save_random_checkpoint
+for arch in ("ghostnet_100", "resnet50"):
+    if not (Path("/tmp/trtmc-gpu") / arch / "config.json").is_file():
+        save_random_checkpoint(arch, Path("/tmp/trtmc-gpu") / arch)
+PY
+    ( build_one lite0 examples/checkpoints/tf_efficientnet_lite0.in1k; aoti_export ) &
+    build_one ghostnet_100 "$WORK/ghostnet_100" &
+    build_one resnet50 "$WORK/resnet50" &
+    wait
+    cat "$WORK"/build-*.log "$WORK/aoti-export.log" >>"$LOG" 2>/dev/null
+}
+
+bundles_lite0() { build_one lite0 examples/checkpoints/tf_efficientnet_lite0.in1k; cat "$WORK/build-lite0.log" >>"$LOG"; }
+
+cold_one() {  # NAME BUNDLE [ENV=VALUE ...]
+    local name=$1 bundle=$2; shift 2
+    local caches; caches=$(mktemp -d)
+    measure "$name" env TORCHINDUCTOR_CACHE_DIR="$caches/inductor" TRITON_CACHE_DIR="$caches/triton" "$@" \
+        timeout 90 python3 -m trtmc -v classify "$WORK/$bundle.bundle" examples/images/chelsea.png --top-k 1
+    rm -rf "$caches"
+}
+
+cold() {
+    cold_one cold-lite0-1 lite0
+    cold_one cold-lite0-2 lite0
+    cold_one cold-lite0-pool16 lite0 TORCHINDUCTOR_COMPILE_THREADS=16
+    cold_one cold-ghostnet_100 ghostnet_100
+    cold_one cold-resnet50 resnet50
+}
+
+folders() {
+    for count in 2002 20000; do
+        measure "folder-lite0-$count" timeout 150 python3 -m trtmc -v classify "$WORK/lite0.bundle" "$WORK/photos-$count" \
+            --top-k 1 --output "$WORK/scores-$count.csv"
+    done
+    head -3 "$WORK/scores-2002.csv" >>"$LOG"
+}
+
+probe() {
+    timeout 200 python3 tools/pipeline_probe.py "$WORK/lite0.bundle" "$WORK/photos-2002" "$RESULTS/probe" >>"$LOG" 2>&1
+    echo "pipeline probe: $?" >>"$LOG"
+}
+
+folderbench() {
+    wait  # the Ray unpacking
+    local path=$PYTHONPATH
+    [ -d /tmp/raysite/ray ] && path="$PYTHONPATH:/tmp/raysite"
+    PYTHONPATH=$path timeout "$(left)" python3 tools/folder_bench.py --out "$RESULTS/folder" --workdir "$WORK/folderbench" \
+        --images 2002 --images 20000 >>"$LOG" 2>&1
+    echo "folder bench: $?" >>"$LOG"
+    cat "$RESULTS/folder/summary.txt" >>"$LOG" 2>/dev/null
+}
+
+ray() {  # Ray Data alone, 1 and 4 actors sharing the GPU, with run 5's folder-bench results as timm's top-1
+    local name=tf_efficientnet_lite0 bench="$WORK/folderbench"
+    mkdir -p "$bench/bundles" "$RESULTS/folder/bench"
+    [ -f "$bench/bundles/$name-fp16-inductor.bundle" ] || timeout 200 python3 -m trtmc build \
+        examples/checkpoints/tf_efficientnet_lite0.in1k -o "$bench/bundles/$name-fp16-inductor.bundle" \
+        --precision fp16 --device cuda --max-batch 64 -q >>"$LOG" 2>&1
+    cp benchmarks/results/2026-12-01-h200-run5/folder-results.json "$RESULTS/folder/bench/results.json"
+    wait  # the Ray unpacking
+    for actors in 1 4; do
+        PYTHONPATH="$PYTHONPATH:/tmp/raysite" timeout "$(left)" python3 tools/folder_bench.py --out "$RESULTS/folder" \
+            --workdir "$bench" --images 2002 --skip-bench --ray-actors "$actors" --ray-json "ray-$actors.json" >>"$LOG" 2>&1
+        cat "$RESULTS/folder/ray-$actors.json" >>"$LOG"
+    done
+}
+
+aoti() {
+    [ -f "$RESULTS/aoti/b1.pt2" ] || aoti_export
+    cat "$WORK/aoti-export.log" >>"$LOG" 2>/dev/null
+    local preload; preload=$(readlink -f "$(g++ -print-file-name=libstdc++.so.6)")
+    echo "LD_PRELOAD=$preload" >>"$LOG"
+    LD_PRELOAD=$preload timeout "$(left)" python3 tools/aoti_cuda_probe.py load "$WORK/lite0.bundle" "$RESULTS/aoti" 1 >>"$LOG" 2>&1
+    echo "aoti load: $?" >>"$LOG"
+}
+
+say machine; machine
+for step in "${@:-bundles cold folders folderbench aoti}"; do
+    for s in $step; do
+        say "$s"
+        "${s//-/_}"
+        tar --exclude='*.pt2' -C "$RESULTS" -czf "$OUT/results.tar.gz" .  # after every step: a timeout loses only the step it hit
+    done
 done
-head -3 "$WORK/scores-2002.csv" >>"$LOG"
-
-step "bench folder scope: trtmc against DataLoader + torch.compile on 2,002 files"
-timeout 240 python3 tools/folder_bench.py --out "$OUT/folder" --workdir "$WORK/folderbench" --images 2002 >>"$LOG" 2>&1
-echo "folder bench: $?" >>"$LOG"
-for f in bench.log summary.txt ray.json; do [ -f "$OUT/folder/$f" ] && { echo "--- folder/$f" >>"$LOG"; cat "$OUT/folder/$f" >>"$LOG"; rm "$OUT/folder/$f"; }; done
-
-step "bench: vit_base_patch16_224 and ghostnet_100 against the expert baseline"
-# What is left of a 590-second call goes to the bench (its results are written after each entry).
-timeout $((590 - SECONDS)) python3 -m trtmc bench --random-weights --only vit_base_patch16_224 --only ghostnet_100 --baseline expert \
-    --prepare-jobs 2 --workdir "$WORK/bench" --out "$OUT/bench" >>"$LOG" 2>&1
-echo "bench: $?" >>"$LOG"
-step "done"
+say done
