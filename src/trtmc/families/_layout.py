@@ -86,6 +86,18 @@ class LayoutReader:
             )
         return shape
 
+    def patch_grid(self, projection: str = "patch_embed.proj") -> tuple[int, int, tuple[int, int]]:
+        """A patch embedding's width, patch size and token grid, from its projection's shape and the
+        checkpoint's input size (not placed); refused unless square patches tile the input."""
+        in_chans, height, width_px = self.ckpt.config.pretrained.input_size
+        width, _, patch, patch_w = self.shape(f"{projection}.weight", rank=4, dims={1: in_chans})
+        if patch != patch_w or height % patch or width_px % patch:
+            raise UnsupportedModel(
+                f"{self.arch}: {projection}.weight {(width, in_chans, patch, patch_w)} does not tile the "
+                f"{height}x{width_px} input into square patches"
+            )
+        return width, patch, (height // patch, width_px // patch)
+
     def tensor(self, name: str, shape: Sequence[int]) -> None:
         """Place `name` with exactly this shape (checked by `finish`)."""
         self.expected[name] = tuple(shape)

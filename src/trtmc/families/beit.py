@@ -79,14 +79,7 @@ def _heads(read: LayoutReader, width: int, grid: tuple[int, int]) -> int:
 def derive_layout(ckpt: Checkpoint, arch: BeitConfig) -> Layout:
     """Width, depth, patch, heads and MLP width from names and shapes; no weight is read."""
     read = LayoutReader(ckpt)
-    in_chans, height, width_px = ckpt.config.pretrained.input_size
-    width, _, patch, patch_w = read.shape("patch_embed.proj.weight", rank=4, dims={1: in_chans})
-    if patch != patch_w or height % patch or width_px % patch:
-        raise UnsupportedModel(
-            f"{read.arch}: patch_embed.proj.weight {(width, in_chans, patch, patch_w)} does not tile the "
-            f"{height}x{width_px} input into square patches"
-        )
-    grid = (height // patch, width_px // patch)
+    width, patch, grid = read.patch_grid()
     depth = len(indexed_blocks(ckpt, _BLOCK))
     if not depth:
         raise CheckpointError(f"{read.arch}: no blocks.<i> tensors; not a BEiT checkpoint")
@@ -96,7 +89,7 @@ def derive_layout(ckpt: Checkpoint, arch: BeitConfig) -> Layout:
         depth=depth,
         layer_scale="blocks.0.gamma_1" in read,
     )
-    read.conv("patch_embed.proj", in_chans, bias=True)
+    read.conv("patch_embed.proj", ckpt.config.pretrained.input_size[0], bias=True)
     read.tensor("cls_token", (1, 1, width))
     table = ((2 * grid[0] - 1) * (2 * grid[1] - 1) + _CLASS_ROWS, layout.heads)
     for i in range(depth):

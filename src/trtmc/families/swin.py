@@ -105,16 +105,10 @@ def _stage(read: LayoutReader, prefix: str, depth: int, width_in: int, resolutio
 def patch_embedding(read: LayoutReader) -> tuple[int, int, tuple[int, int]]:
     """timm's PatchEmbed with its norm (Swin V1 and V2): the patch size, the embedding width and the
     token grid it makes of the checkpoint's input size."""
-    in_chans, height, width_px = read.ckpt.config.pretrained.input_size
-    width, _, patch, patch_w = read.shape("patch_embed.proj.weight", rank=4, dims={1: in_chans})
-    if patch != patch_w or height % patch or width_px % patch:
-        raise UnsupportedModel(
-            f"{read.arch}: patch_embed.proj.weight {(width, in_chans, patch, patch_w)} does not tile the "
-            f"{height}x{width_px} input into square patches"
-        )
-    read.conv("patch_embed.proj", in_chans, bias=True)
+    width, patch, grid = read.patch_grid()
+    read.conv("patch_embed.proj", read.ckpt.config.pretrained.input_size[0], bias=True)
     read.layer_norm("patch_embed.norm", width)
-    return patch, width, (height // patch, width_px // patch)
+    return patch, width, grid
 
 
 def stage_depths(read: LayoutReader, network: str) -> dict[int, int]:

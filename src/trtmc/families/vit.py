@@ -20,7 +20,7 @@ import numpy as np
 from ..checkpoint import Checkpoint, CheckpointError
 from ..graph import Activation
 from ..graph_builder import GraphBuilder, Tensor
-from . import Family, UnsupportedModel
+from . import Family
 from ._layout import LayoutReader, indexed_blocks
 from ._parts import embed_patches, layer_norm, linear, multi_head_attention, prepend_tokens, transformer_block
 
@@ -71,18 +71,12 @@ class Layout:
 
 def _patch_grid(read: LayoutReader, arch: ViTConfig) -> tuple[int, int, tuple[int, int]]:
     """Width, patch size and patch grid from the patch projection and the checkpoint's input size."""
-    in_chans, height, width_px = read.ckpt.config.pretrained.input_size
-    width, _, patch, patch_w = read.shape("patch_embed.proj.weight", rank=4, dims={1: in_chans})
-    if patch != patch_w or height % patch or width_px % patch:
-        raise UnsupportedModel(
-            f"{read.arch}: patch_embed.proj.weight {(width, in_chans, patch, patch_w)} does not tile the "
-            f"{height}x{width_px} input into square patches"
-        )
+    width, patch, grid = read.patch_grid()
     if width % arch.num_heads:
         raise CheckpointError(
             f"{read.arch}: width {width} (patch_embed.proj.weight) does not split into {arch.num_heads} heads"
         )
-    return width, patch, (height // patch, width_px // patch)
+    return width, patch, grid
 
 
 def _trained_grid(read: LayoutReader, width: int, embedded: int, grid: tuple[int, int]) -> tuple[int, int]:
