@@ -28,12 +28,12 @@ def _crop_files(spec, paths: list[str]) -> list:
     return [spec.crop_pil(load_image(Path(path))) for path in paths]
 
 
-def _decode_rate(spec, files: list[str], workers: int, method: str) -> float:
+def _decode_rate(spec, files: list[str], workers: int) -> float:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     started = time.perf_counter()
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method)) as pool:
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
         futures = [pool.submit(_crop_files, spec, files[i : i + 4]) for i in range(0, len(files), 4)]
         for future in futures:
             future.result()
@@ -56,7 +56,7 @@ def main(argv: list[str]) -> int:
     files = [str(p) for p in expand_images([folder])]
     record: dict = {"cpus_at_start": AFFINITY_AT_START, "cpu_count": os.cpu_count(), "files": len(files)}
     spec = PreprocessSpec.from_json(read_bundle(bundle).json("runtime.json"))
-    record["decode_fork_before_engine"] = _decode_rate(spec, files, WORKERS, "fork")
+    record["decode_fork_before_engine"] = _decode_rate(spec, files, WORKERS)
     from trtmc.runtime import Runtime
 
     runtime = Runtime.open(bundle)
@@ -64,7 +64,7 @@ def main(argv: list[str]) -> int:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     record["cpus_after_engine"] = len(os.sched_getaffinity(0))
-    record["decode_fork_after_engine"] = _decode_rate(spec, files, WORKERS, "fork")
+    record["decode_fork_after_engine"] = _decode_rate(spec, files, WORKERS)
     for name in ("pipeline", "pipeline_again"):
         options = PipelineOptions()
         profiler = cProfile.Profile() if name == "pipeline_again" else None  # the profiler slows what it sees
