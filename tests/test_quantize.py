@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from support import photos_for
 from trtmc.backends import EngineSpec
 from trtmc.backends import tensorrt
-from trtmc.backends.torch_lowering import GraphModule, scaled_gemms, to_fx
+from trtmc.backends.torch_lowering import GraphModule, find_quantized_gemms, to_fx
 from trtmc.graph import (
     Activation,
     DType,
@@ -404,27 +404,40 @@ def test_quantized_graph_traces_to_fx_and_computes_the_same(net):
         assert torch.equal(to_fx(graph)(x), GraphModule(graph)(x))
 
 
-# ---- torch._scaled_mm for FP8 1x1 convolutions and linear ops (CUDA's path, its numerics on the CPU) --
+# ---- FP8 / INT8 GEMMs for 1x1 convolutions and linear ops (CUDA's path, its numerics on the CPU) -----
 
 
-def test_scaled_gemms_are_the_fp8_pointwise_ops_whose_widths_are_multiples_of_16(net):
-    assert set(scaled_gemms(quantized(net, "fp8"))) == {"pw1", "pw2", "pw3", "mlp"}
-    everything = quantized(net, "fp8", recipe=QuantRecipe(keep_single_position=False, keep_classifier=False))
-    assert set(scaled_gemms(everything)) == {"pw1", "pw2", "pw3", "mlp"}  # se.reduce gives 8 channels, head 10
-    assert scaled_gemms(quantized(net, "int8")) == {}
+@pytest.mark.parametrize("fmt", QUANTIZED_FORMATS)
+def test_quantized_gemms_are_the_pointwise_ops_whose_widths_are_multiples_of_16(net, fmt):
+    gemms = find_quantized_gemms(quantized(net, fmt))
+    assert set(gemms) == {"pw1", "pw2", "pw3", "mlp"}
+    assert {g.format for g in gemms.values()} == {PRECISIONS[fmt].dtype}
+    everything = quantized(net, fmt, recipe=QuantRecipe(fmt, keep_single_position=False, keep_classifier=False))
+    assert set(find_quantized_gemms(everything)) == {"pw1", "pw2", "pw3", "mlp"}  # se.reduce gives 8 channels, head 10
 
 
-def test_scaled_mm_gemms_give_the_logits_of_the_dequantized_convolutions_in_fp32(net):
-    graph = quantized(net, "fp8", "fp32")
+def test_int8_gemms_leave_out_ops_with_too_few_rows_per_image_for_int_mm(net):
+    # se.expand (8 -> 16 channels would qualify by width if it had 16 inputs) and the head run on one
+    # row per image: torch._int_mm needs more than 16 rows, so only FP8 may take such ops.
+    recipe = QuantRecipe("int8", keep_single_position=False, keep_classifier=False)
+    graph = quantized(net, "int8", recipe=recipe)
+    single = {n.name for n in graph.nodes if n.kind in (OpKind.CONV2D, OpKind.LINEAR) and n.attrs.weight is None
+              and (n.type.shape[2:] == (1, 1) if n.kind is OpKind.CONV2D else len(n.type.shape) == 2)}
+    assert single and not single & set(find_quantized_gemms(graph))
+
+
+@pytest.mark.parametrize("fmt, gemm_op", [("fp8", torch._scaled_mm), ("int8", torch._int_mm)])
+def test_quantized_gemms_give_the_logits_of_the_dequantized_convolutions_in_fp32(net, fmt, gemm_op):
+    graph = quantized(net, fmt, "fp32")
     x = torch.randn(3, 3, 16, 16, generator=torch.Generator().manual_seed(5))
-    gemms = GraphModule(graph, fp8_gemms=True)
+    gemms = GraphModule(graph, quantized_gemms=True)
     traced = torch.fx.symbolic_trace(gemms)  # the batch is free: the row-wise scales trace
     with torch.no_grad():
         expected, got = GraphModule(graph)(x), gemms(x)
         assert torch.equal(traced(x), got)
-    assert set(gemms._fp8_gemms) == {"pw1", "pw2", "pw3", "mlp"}
-    assert sum(n.target is torch._scaled_mm for n in traced.graph.nodes) == 4
-    assert not any(n.target is torch._scaled_mm for n in to_fx(graph).graph.nodes)  # off unless asked for
+    assert set(gemms._gemms) == {"pw1", "pw2", "pw3", "mlp"}
+    assert sum(n.target is gemm_op for n in traced.graph.nodes) == 4
+    assert not any(n.target is gemm_op for n in to_fx(graph).graph.nodes)  # off unless asked for
     assert relative(got, expected) < 1e-5
 
 
@@ -437,7 +450,7 @@ def test_a_scaled_mm_gemm_rounds_its_half_result_once(net, precision, ulp):
     x = torch.randn(3, 3, 16, 16, generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
         expected = GraphModule(first, half_convolutions_in_fp32=True)(x).float()
-        got = GraphModule(first, fp8_gemms=True)(x)
+        got = GraphModule(first, quantized_gemms=True)(x)
     assert got.dtype is PRECISIONS[precision].torch_dtype
     assert relative(got.float(), expected) <= 2 * ulp
 

@@ -24,7 +24,10 @@ from trtmc.study import quality
 from trtmc.study.decision import MIN_AGREEMENT, decide
 from trtmc.study.report import STUDY_JSON, STUDY_MD, STUDY_PNG, to_markdown, write_report
 from trtmc.study.request import StudyError, StudyRequest, split_images
-from trtmc.study.runner import run_study
+from trtmc.build import prepare_graph
+from trtmc.checkpoint import open_checkpoint
+from trtmc.study.request import REFERENCE
+from trtmc.study.runner import build_variants, run_study
 
 PHOTOS = oracle.photo_files()
 SMALL = {"pretrained_cfg_overlay": {"input_size": (3, 64, 64)}}  # milliseconds per call
@@ -212,6 +215,21 @@ def test_a_random_weights_study_says_its_agreement_is_a_proxy(quantized_study):
     assert "**random weights**: top-1 agreement on them is a proxy" in text
     assert "Here the photos are the calibration images, never the held-out ones." in text
     assert "proxy" not in (quantized_study.request.out / STUDY_MD).read_text()
+
+
+def test_bundles_built_in_parallel_processes_are_the_ones_one_process_builds(quantized_study, tmp_path):
+    result = quantized_study
+    request = replace(result.request, workdir=tmp_path, jobs=2)
+    prepared = prepare_graph(open_checkpoint(request.model), REFERENCE)
+    parallel = build_variants(request, prepared, ("fp32", "fp16", "bf16"), result.calibration, lambda m: None)
+    for variant in result.variants:
+        assert parallel[variant.name].error is None, parallel[variant.name].error
+        ours, theirs = parallel[variant.name].primary.path, variant.primary.path
+        assert ours.parent == tmp_path / "bundles" and ours.name == theirs.name
+        ours, theirs = read_bundle(ours), read_bundle(theirs)
+        key = theirs.engines[0].key
+        assert ours.engine_files(key) == theirs.engine_files(key)
+        assert ours.manifest.get("quantization") == theirs.manifest.get("quantization")
 
 
 def test_quantized_study_plot_is_a_png(quantized_study):

@@ -152,7 +152,9 @@ def _forget_earlier_compiles() -> None:
 
 
 def _compile_cuda(graph: Graph):
-    module = to_fx(graph).eval().cuda().to(memory_format=torch.channels_last)
+    # fp8/int8 graphs: their quantized 1x1 convolutions and linear ops as FP8 / INT8 GEMMs (the
+    # quantize ops feeding them fuse into their producers' kernels), not fp16 ops on dequantized values.
+    module = to_fx(graph, quantized_gemms=True).eval().cuda().to(memory_format=torch.channels_last)
     return torch.compile(module, dynamic=False)
 
 

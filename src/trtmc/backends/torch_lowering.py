@@ -3,13 +3,15 @@
 `GraphModule(graph)` is a plain `nn.Module` whose weights are buffers already cast to the dtype of
 the node that reads them (`Node.weight_dtype`: quantize/dequantize scales stay float32);
 `to_fx(graph)` traces it into a flat `torch.fx.GraphModule`, which is what Inductor compiles.
-Dimension 0 stays free, so one module serves every batch size. FP8 1x1 convolutions and linear ops
-can run as `torch._scaled_mm` GEMMs (`GraphModule(graph, fp8_gemms=True)`).
+Dimension 0 stays free, so one module serves every batch size. Quantized 1x1 convolutions and linear
+ops can run as `torch._scaled_mm` (FP8) and `torch._int_mm` (INT8) GEMMs (`GraphModule(graph,
+quantized_gemms=True)`).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -231,19 +233,33 @@ def _dequantize(node, args, w):
 
 
 @dataclass(frozen=True)
-class ScaledGemm:
-    """A quantized op that `torch._scaled_mm` runs as one FP8 GEMM on its stored operands."""
+class QuantizedGemm:
+    """A quantized op run as one GEMM on its stored operands: `torch._scaled_mm` for FP8,
+    `torch._int_mm` for INT8."""
 
+    format: DType  # F8E4M3 or I8
     activation: str  # the QUANTIZE node: the GEMM's rows (pixels or tokens) by input channels
-    weight: str  # the FP8 constant: [out, in(, 1, 1)]
+    weight: str  # the quantized constant: [out, in(, 1, 1)]
     input_scale: str
     weight_scale: str
 
 
-def scaled_gemms(graph: Graph) -> dict[str, ScaledGemm]:
-    """The quantized ops of `graph` that `_scaled_gemm` can run: FP8 linear ops and 1x1 convolutions
-    (stride 1, unpadded, ungrouped) with a per-tensor input scale and input and output widths that
-    are multiples of 16, as cuBLASLt's FP8 GEMMs require; keyed by op name."""
+# cuBLASLt's low-precision GEMMs need input and output widths that are multiples of 16 (FP8; INT8
+# needs 8), and torch._int_mm more than 16 rows on CUDA: INT8 GEMMs are kept to ops with at least
+# 17 rows per image (pixels of a map, tokens), so that batch 1 qualifies too.
+GEMM_WIDTH_MULTIPLE = 16
+INT8_MIN_ROWS = 17
+
+
+def _rows_per_image(node) -> int:
+    shape = node.type.shape
+    return shape[2] * shape[3] if node.kind is OpKind.CONV2D else math.prod(shape[1:-1])
+
+
+def find_quantized_gemms(graph: Graph) -> dict[str, QuantizedGemm]:
+    """The quantized ops of `graph` that `_quantized_gemm` can run, keyed by op name: linear ops and
+    1x1 convolutions (stride 1, unpadded, ungrouped) with a per-tensor input scale, input and output
+    widths that are multiples of `GEMM_WIDTH_MULTIPLE`, and, for INT8, `INT8_MIN_ROWS` rows per image."""
     nodes = {n.name: n for n in graph.nodes}
     found = {}
     for node in graph.nodes:
@@ -251,32 +267,39 @@ def scaled_gemms(graph: Graph) -> dict[str, ScaledGemm]:
             continue
         x_dq, w_dq = nodes[node.inputs[0]], nodes[node.inputs[1]]
         q = nodes[x_dq.inputs[0]] if x_dq.kind is OpKind.DEQUANTIZE else x_dq
+        if q.kind is not OpKind.QUANTIZE or q.attrs.axis is not None or w_dq.attrs.format is not q.attrs.format:
+            continue
         out_c, in_c = w_dq.type.shape[:2]
         a = node.attrs
         pointwise = node.kind is OpKind.LINEAR or (
             w_dq.type.shape[2:] == (1, 1) and a.stride == (1, 1) and a.padding == (0, 0, 0, 0) and a.groups == 1
         )
-        fp8 = q.kind is OpKind.QUANTIZE and q.attrs.format is DType.F8E4M3 and q.attrs.axis is None
-        if pointwise and fp8 and w_dq.attrs.format is DType.F8E4M3 and in_c % 16 == 0 and out_c % 16 == 0:
-            found[node.name] = ScaledGemm(q.name, w_dq.inputs[0], x_dq.attrs.scale, w_dq.attrs.scale)
+        wide = in_c % GEMM_WIDTH_MULTIPLE == 0 and out_c % GEMM_WIDTH_MULTIPLE == 0
+        rows_ok = q.attrs.format is DType.F8E4M3 or (q.attrs.format is DType.I8 and _rows_per_image(node) >= INT8_MIN_ROWS)
+        if pointwise and wide and rows_ok:
+            found[node.name] = QuantizedGemm(q.attrs.format, q.name, w_dq.inputs[0], x_dq.attrs.scale, w_dq.attrs.scale)
     return found
 
 
-def _scaled_gemm(gemm: ScaledGemm, node, args, w):
-    """`node` as torch._scaled_mm of its FP8 input rows and FP8 kernel, fp32 accumulation, the input
-    and per-channel weight scales applied once to the sum, then the bias. A 1x1 convolution's rows
-    are its pixels (NHWC: a view when the input is channels-last, as on CUDA)."""
+def _quantized_gemm(gemm: QuantizedGemm, node, args, w):
+    """`node` as one GEMM of its quantized input rows and quantized kernel, accumulated in fp32 (FP8)
+    or int32 (INT8), the input and per-channel weight scales applied once to the sum, then the bias.
+    A 1x1 convolution's rows are its pixels (NHWC: a view when the input is channels-last, as on CUDA)."""
     x, kernel = args
     out_c, in_c = kernel.shape[0], kernel.shape[1]
     conv = node.kind is OpKind.CONV2D
+    out_dtype = TORCH_DTYPES[node.type.dtype]
     rows = x.permute(0, 2, 3, 1).reshape(-1, in_c) if conv else x.reshape(-1, in_c)
-    # Row-wise scaling: one scale per row (all equal: the input's) and one per output channel. The
-    # row count is the batch's, known at run time only: expand_as traces where expand(n, 1) cannot.
-    scale_a = w(gemm.input_scale).reshape(1, 1).expand_as(rows[:, :1]).contiguous()
-    scale_b = w(gemm.weight_scale).reshape(1, -1).expand(1, out_c).contiguous()
-    y = torch._scaled_mm(
-        rows, kernel.reshape(out_c, in_c).t(), scale_a=scale_a, scale_b=scale_b, out_dtype=TORCH_DTYPES[node.type.dtype]
-    )
+    matrix = kernel.reshape(out_c, in_c).t()
+    if gemm.format is DType.I8:
+        scales = w(gemm.input_scale).reshape(1, 1) * w(gemm.weight_scale).reshape(1, out_c)
+        y = (torch._int_mm(rows, matrix).float() * scales).to(out_dtype)
+    else:
+        # Row-wise scaling: one scale per row (all equal: the input's) and one per output channel.
+        # The row count is the batch's, known at run time only: expand_as traces where expand(n, 1) cannot.
+        scale_a = w(gemm.input_scale).reshape(1, 1).expand_as(rows[:, :1]).contiguous()
+        scale_b = w(gemm.weight_scale).reshape(1, -1).expand(1, out_c).contiguous()
+        y = torch._scaled_mm(rows, matrix, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype)
     if node.attrs.bias:
         y = y + w(node.attrs.bias)
     if conv:
@@ -303,18 +326,15 @@ class GraphModule(torch.nn.Module):
     """Runs a graph op by op; the weights are buffers in the dtype of the node that reads them.
 
     `half_convolutions_in_fp32` selects `_conv2d_half_via_fp32` for fp16/bf16 convolutions (CPU
-    reference runs); engines never set it. `fp8_gemms` runs the ops `scaled_gemms(graph)` finds as
-    torch._scaled_mm GEMMs instead of convolutions of dequantized values (same numbers up to fp32
-    summation order, checked on the CPU).
-    TODO(GPU step): the inductor backend should set it for CUDA builds of FP8 graphs, after the H200
-    shows it pays (issue 13: FP8 GEMMs win only at large batch) and which scaled_mm out_dtypes its
-    torch accepts with row-wise scales.
+    reference runs); engines never set it. `quantized_gemms` runs the ops `find_quantized_gemms(graph)`
+    finds as FP8 or INT8 GEMMs instead of convolutions of dequantized values (same numbers up to the
+    summation order, checked on the CPU); the CUDA inductor engine sets it.
     """
 
-    def __init__(self, graph: Graph, *, half_convolutions_in_fp32: bool = False, fp8_gemms: bool = False) -> None:
+    def __init__(self, graph: Graph, *, half_convolutions_in_fp32: bool = False, quantized_gemms: bool = False) -> None:
         super().__init__()
         self.half_convolutions_in_fp32 = half_convolutions_in_fp32
-        self._fp8_gemms = scaled_gemms(graph) if fp8_gemms else {}
+        self._gemms = find_quantized_gemms(graph) if quantized_gemms else {}
         missing = [k.value for k in OpKind if k not in LOWERINGS]
         if missing:
             raise NotImplementedError(f"no torch lowering for {', '.join(missing)}")
@@ -331,22 +351,24 @@ class GraphModule(torch.nn.Module):
                 self._buffers_by_key[key] = name
         self.input_name = graph.inputs[0].name
 
+    def _weight(self, key: str) -> torch.Tensor:
+        return getattr(self, self._buffers_by_key[key])
+
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         values: dict[str, torch.Tensor] = {}
-        weight = lambda key: getattr(self, self._buffers_by_key[key])  # noqa: E731
         for node in self.graph_ir.nodes:
             args = [pixels] if node.kind is OpKind.INPUT else [values[i] for i in node.inputs]
             lower = LOWERINGS[node.kind]
             if self.half_convolutions_in_fp32 and node.kind is OpKind.CONV2D and node.type.dtype is not DType.F32:
                 lower = _conv2d_half_via_fp32
-            if node.name in self._fp8_gemms:
-                gemm = self._fp8_gemms[node.name]
-                args, lower = [values[gemm.activation], values[gemm.weight]], functools.partial(_scaled_gemm, gemm)
-            values[node.name] = lower(node, args, weight)
+            if node.name in self._gemms:
+                gemm = self._gemms[node.name]
+                args, lower = [values[gemm.activation], values[gemm.weight]], functools.partial(_quantized_gemm, gemm)
+            values[node.name] = lower(node, args, self._weight)
         outputs = [values[o] for o in self.graph_ir.outputs]
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
 
-def to_fx(graph: Graph) -> torch.fx.GraphModule:
+def to_fx(graph: Graph, *, quantized_gemms: bool = False) -> torch.fx.GraphModule:
     """A flat FX graph of the whole network (the op-by-op loop unrolled by tracing)."""
-    return torch.fx.symbolic_trace(GraphModule(graph))
+    return torch.fx.symbolic_trace(GraphModule(graph, quantized_gemms=quantized_gemms))

@@ -76,6 +76,9 @@ def add(sub) -> None:
                         "(default: every --batch)")
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="folder for study.md, study.json, study.png")
     p.add_argument("--workdir", type=Path, metavar="DIR", help="folder for random weights and bundles (default OUT/work)")
+    p.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="bundles to build at once, each in a process of its own (default 1; the compiles are "
+                        "CPU-bound: up to the cores a machine has, one per bundle). Timing always runs alone")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(run=run)
 
@@ -99,6 +102,7 @@ def run(args) -> int:
         batch_sizes=tuple(args.batch or DEFAULT_BATCHES),
         user_batches=tuple(args.user_batch or ()),
         workdir=args.workdir,
+        jobs=args.jobs,
     )
     request.validate()
     require_timm()

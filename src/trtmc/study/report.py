@@ -251,10 +251,14 @@ def _not_tried_lines(result: StudyResult) -> list[str]:
     if unstudied:
         lines.append(f"- Precisions not studied here: {', '.join(unstudied)}.")
     if request.backend == "inductor" and request.quantized:
-        lines.append("- FP8 GEMMs: the inductor engine runs a quantized op as an fp16 convolution or matmul of "
-                     "dequantized values, with the quantize and dequantize fused by Inductor; running FP8 1x1 "
-                     "convolutions and linear ops as torch._scaled_mm GEMMs (`GraphModule(fp8_gemms=True)`) is not "
-                     "part of the engine yet.")
+        lines.append(
+            "- Quantized kernels other than GEMMs: " + ("on CUDA " if request.device == "cuda" else "on CUDA (not run "
+            "here) ") + "the inductor engine runs a quantized 1x1 convolution or linear op (widths multiples of "
+            "16; INT8 also >= 17 rows per image, for torch._int_mm) as one FP8 torch._scaled_mm or INT8 "
+            "torch._int_mm GEMM, its input's quantize fused into the producer by Inductor; every other quantized "
+            "op (3x3, depthwise, grouped convolutions) runs as an fp16 convolution of its dequantized weight, "
+            "computed once when the graph is traced: PyTorch has no FP8 or INT8 convolution kernels to call. "
+            "Fused FP8/INT8 convolutions (TensorRT on a GPU it runs on) were not measured.")
     if request.backend == "reference":
         lines.append("- A compiled engine: the reference engine runs the graph op by op, uncompiled, so its times "
                      "measure the study's steps, not a deployable engine.")
@@ -269,7 +273,7 @@ def _revisit_lines(result: StudyResult) -> list[str]:
         if d.ships:
             continue
         if any(r.startswith("batch") for r in d.reasons):
-            gemms = "torch._scaled_mm GEMMs in the inductor engine; " if d.precision == "fp8" else ""
+            gemms = "GEMMs that fuse their quantize epilogues in the inductor engine; "
             lines.append(f"- {d.precision}, speed: an engine whose {d.precision} kernels beat fp16 at these batch "
                          f"sizes ({gemms}TensorRT on a GPU it runs on), or quantize fused into its producers.")
         if any("agreement" in r for r in d.reasons):

@@ -45,6 +45,7 @@ class StudyRequest:
     user_batches: tuple[int, ...] = ()  # where a quantized precision must be faster; () = every batch size
     protocol: TimingProtocol = field(default_factory=TimingProtocol)
     workdir: Path | None = None  # random weights and bundles; default OUT/work
+    jobs: int = 1  # bundles built at once, each in a process of its own (1: in this process)
 
     @property
     def variants(self) -> tuple[str, ...]:
@@ -77,6 +78,8 @@ class StudyRequest:
             raise StudyError(f"--backend {self.backend!r}: choose from {', '.join(BACKENDS)}")
         if not self.batch_sizes or any(b < 1 for b in self.batch_sizes) or len(set(self.batch_sizes)) != len(self.batch_sizes):
             raise StudyError(f"--batch takes distinct sizes of at least 1, got {list(self.batch_sizes)}")
+        if self.jobs < 1:
+            raise StudyError(f"--jobs {self.jobs}: build at least 1 bundle at a time")
         stray = [b for b in self.user_batches if b not in self.batch_sizes]
         if stray:
             raise StudyError(f"--user-batch {stray[0]} is not measured: add --batch {stray[0]}")

@@ -112,15 +112,67 @@ def _build_one(request: StudyRequest, prepared: PreparedGraph, variant: str, max
     )
 
 
+def _unserved(request: StudyRequest, bundles: tuple[BundleFacts, ...]) -> list[int]:
+    """The batch sizes none of `bundles` serves, smallest first."""
+    return [b for b in sorted(request.batch_sizes) if not any(f.batching.accepts(b) for f in bundles)]
+
+
 def build_variant(request: StudyRequest, prepared: PreparedGraph, variant: str,
                   quantization: Quantization | None, progress: Progress) -> tuple[BundleFacts, ...]:
     """The variant's bundles: one for the largest batch size, and one more for each batch size its
     engine does not serve."""
     bundles = [_build_one(request, prepared, variant, max(request.batch_sizes), quantization, progress)]
-    for batch in sorted(request.batch_sizes):
-        if not any(b.batching.accepts(batch) for b in bundles):
-            bundles.append(_build_one(request, prepared, variant, batch, quantization, progress))
+    while missing := _unserved(request, tuple(bundles)):
+        bundles.append(_build_one(request, prepared, variant, missing[0], quantization, progress))
     return tuple(bundles)
+
+
+def _build_in_child(request: StudyRequest, folder: Path, variant: str, max_batch: int,
+                    scales: tuple[dict[str, float], tuple[str, ...]] | None, quiet: bool) -> BundleFacts:
+    """`_build_one` in a spawned process: the checkpoint's graph prepared again (the same graph: it
+    depends on the checkpoint alone), the calibrated scales passed in as plain values."""
+    from ..progress import Progress as Lines
+
+    say = Lines(quiet)
+    prepared = prepare_graph(open_checkpoint(folder), REFERENCE)
+    quantization = Quantization(RECIPES[variant], CalibrationScales(*scales)) if scales else None
+    return _build_one(request, prepared, variant, max_batch, quantization,
+                      lambda message: say(f"[{variant} b{max_batch}] {message}"))
+
+
+def _plain(quantization: Quantization | None) -> tuple[dict[str, float], tuple[str, ...]] | None:
+    """The calibrated scales as values a process pool can pickle (the recipe is a constant by name)."""
+    if quantization is None:
+        return None
+    return dict(quantization.scales.input_amax), tuple(quantization.scales.images)
+
+
+def build_variants_in_parallel(request: StudyRequest, prepared: PreparedGraph, quantizations: dict[str, Quantization | None],
+                               progress: Progress) -> dict[str, tuple[BundleFacts, ...] | str]:
+    """`build_variant` for every variant, `request.jobs` bundles at a time, each in a spawned process
+    (Inductor's compiles are CPU-bound and hold the GIL): the largest batch size's bundles first, then
+    those for the batch sizes they do not serve. Returns each variant's bundles, or its error."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    done: dict[str, tuple[BundleFacts, ...] | str] = {name: () for name in quantizations}
+    wave = {name: max(request.batch_sizes) for name in quantizations}
+    with ProcessPoolExecutor(request.jobs, mp_context=get_context("spawn")) as pool:
+        while wave:
+            progress(f"building {len(wave)} bundles, {request.jobs} at a time")
+            futures = {name: pool.submit(_build_in_child, request, prepared.checkpoint.folder, name, batch,
+                                         _plain(quantizations[name]), getattr(progress, "quiet", True))
+                       for name, batch in wave.items()}
+            wave = {}
+            for name, future in futures.items():
+                try:
+                    done[name] = done[name] + (future.result(),)
+                except Exception as exc:  # a variant that does not build is a finding, not the end of the study
+                    done[name] = f"build: {_error(exc)}"
+                    continue
+                if missing := _unserved(request, done[name]):
+                    wave[name] = missing[0]
+    return done
 
 
 def load_targets(request: StudyRequest, bundles: tuple[BundleFacts, ...], progress: Progress) -> dict[int, Target]:
@@ -234,18 +286,25 @@ def _source(request: StudyRequest, split: ImageSplit, progress: Progress):
 def build_variants(request: StudyRequest, prepared: PreparedGraph, precisions: tuple[str, ...],
                    scales: CalibrationScales | None, progress: Progress) -> dict[str, VariantResult]:
     """Every variant's bundles, or why it has none."""
-    variants = {}
-    for name in request.variants:
-        result = VariantResult(name, computed_in(name))
+    variants = {name: VariantResult(name, computed_in(name)) for name in request.variants}
+    buildable = {}
+    for name, result in variants.items():
         if result.compute not in precisions:
             variants[name] = replace(result, error=f"the family computes in {', '.join(precisions)}, not {result.compute}")
-            continue
-        quantization = Quantization(RECIPES[name], scales) if name in QUANTIZED_FORMATS else None
-        try:
-            variants[name] = replace(result, bundles=build_variant(request, prepared, name, quantization, progress))
-        except Exception as exc:  # a variant that does not build is a finding, not the end of the study
-            log.debug("building %s failed", name, exc_info=True)
-            variants[name] = replace(result, error=f"build: {_error(exc)}")
+        else:
+            buildable[name] = Quantization(RECIPES[name], scales) if name in QUANTIZED_FORMATS else None
+    if request.jobs > 1:
+        built = build_variants_in_parallel(request, prepared, buildable, progress)
+    else:
+        built = {}
+        for name, quantization in buildable.items():
+            try:
+                built[name] = build_variant(request, prepared, name, quantization, progress)
+            except Exception as exc:  # a variant that does not build is a finding, not the end of the study
+                log.debug("building %s failed", name, exc_info=True)
+                built[name] = f"build: {_error(exc)}"
+    for name, bundles in built.items():
+        variants[name] = replace(variants[name], **({"error": bundles} if isinstance(bundles, str) else {"bundles": bundles}))
     return variants
 
 
