@@ -159,9 +159,27 @@ class StudyDecision:
             raise ValueError(f"a study decides on {' or '.join(QUANTIZED_FORMATS)}, not {self.precision!r}")
 
 
-# Filled from the committed GPU study reports; no study has run on a GPU yet, so every family refuses
-# fp8 and int8 builds.
-STUDY_DECISIONS: tuple[StudyDecision, ...] = ()
+# From the committed GPU study reports (benchmarks/studies/, H200, torch 2.11, random weights): no
+# quantized precision pays yet, so every family refuses fp8 and int8 builds; those without a study
+# say how to run one. tests/test_study_decisions.py checks each row against its report's study.json.
+STUDY_DECISIONS: tuple[StudyDecision, ...] = (
+    StudyDecision("convnext", "fp8", False, "benchmarks/studies/convnext_tiny/study.md",
+                  "0.88x / 0.88x / 0.96x the speed of fp16 at batch 1 / 32 / 128, 100.0% top-1 agreement (H200, inductor)"),
+    StudyDecision("convnext", "int8", False, "benchmarks/studies/convnext_tiny/study.md",
+                  "0.98x / 0.81x / 0.84x the speed of fp16 at batch 1 / 32 / 128, 100.0% top-1 agreement (H200, inductor)"),
+    StudyDecision("ghostnet", "fp8", False, "benchmarks/studies/ghostnet_100/study.md",
+                  "0.92x / 0.93x / 0.95x the speed of fp16 at batch 1 / 32 / 128, 81.8% top-1 agreement (H200, inductor)"),
+    StudyDecision("ghostnet", "int8", False, "benchmarks/studies/ghostnet_100/study.md",
+                  "0.99x / 0.97x / 0.95x the speed of fp16 at batch 1 / 32 / 128, 81.8% top-1 agreement (H200, inductor)"),
+    StudyDecision("resnet", "fp8", False, "benchmarks/studies/resnet50/study.md",
+                  "0.79x / 0.81x / 0.92x the speed of fp16 at batch 1 / 32 / 128, 81.8% top-1 agreement (H200, inductor)"),
+    StudyDecision("resnet", "int8", False, "benchmarks/studies/resnet50/study.md",
+                  "0.94x / 0.75x / 0.77x the speed of fp16 at batch 1 / 32 / 128, 54.5% top-1 agreement (H200, inductor)"),
+    StudyDecision("vit", "fp8", False, "benchmarks/studies/vit_base_patch16_224/study.md",
+                  "0.72x / 0.94x / 1.05x the speed of fp16 at batch 1 / 32 / 128, 100.0% top-1 agreement (H200, inductor)"),
+    StudyDecision("vit", "int8", False, "benchmarks/studies/vit_base_patch16_224/study.md",
+                  "0.84x / 0.75x / 0.76x the speed of fp16 at batch 1 / 32 / 128, 100.0% top-1 agreement (H200, inductor)"),
+)
 
 
 def quantized_build_refusal(
