@@ -4,7 +4,8 @@ The order: the images split (calibration apart from held-out); the checkpoint (r
 calibrated on the calibration images, never on the held-out ones); timm fp32's answers on the held-out
 images (the bench oracle's reference); the float32 graph, batch norms folded, calibrated once for every
 quantized precision; every variant built (`trtmc.build.write_build`, one bundle per largest batch size
-its engine must serve: a CUDA inductor engine serves batch 1 and its largest only); then every engine
+its engine must serve: a CUDA inductor engine serves batch 1 and its largest only; with `jobs` > 1,
+`jobs` bundles at a time, each in a spawned process); then every engine
 loaded and warmed (builds reset Inductor's state, so none is loaded before all are built); every row
 (variant x batch size) timed together, round by round, with the bench protocol and clocks; then,
 untimed, the CUDA kernels of one call per row, quality and the non-finite scan per row, and the
@@ -161,6 +162,7 @@ def build_variants_in_parallel(request: StudyRequest, prepared: PreparedGraph, q
         while wave:
             progress(f"building {len(wave)} bundles, {request.jobs} at a time")
             futures = {name: pool.submit(_build_in_child, request, prepared.checkpoint.folder, name, batch,
+                                         # children print their own lines, as quiet as the caller's
                                          _plain(quantizations[name]), getattr(progress, "quiet", True))
                        for name, batch in wave.items()}
             wave = {}
