@@ -446,6 +446,33 @@ def test_prepare_phase_runs_in_workers_and_the_timing_reuses_its_bundles(tiny, f
     assert result.status == "passed" and any(m.startswith("using the prepared bundle") for m in messages)
 
 
+def test_resumed_run_takes_finished_entries_from_their_records_and_times_only_the_rest(tiny, few_photos, tmp_path, uncompiled):
+    opts = options(tmp_path, baselines=("eager-fp32",))
+    first, second = tiny_entry(tiny, few_photos), tiny_entry(tiny, few_photos, name="tiny2")
+    earlier = run_bench([first], opts, clock_for=FAST)
+    calls_before = uncompiled.calls
+    resumed = run_bench([first, second], replace(opts, resume=True), clock_for=FAST)
+    assert report.entry_to_json(resumed.entries[0]) == report.entry_to_json(earlier.entries[0])
+    assert resumed.resumed == {"tiny": earlier.started}
+    assert resumed.entries[1].status == "passed" and uncompiled.calls > calls_before  # only tiny2 was timed
+    markdown = report.to_markdown(resumed)
+    assert "1 of 2 entries come from earlier runs in the same work folder" in markdown and f"tiny ({earlier.started})" in markdown
+    calls_before = uncompiled.calls
+    again = run_bench([first, second], replace(opts, resume=True), clock_for=FAST)
+    assert set(again.resumed) == {"tiny", "tiny2"} and uncompiled.calls == calls_before  # nothing timed
+
+
+def test_resume_times_again_an_entry_whose_settings_or_baselines_changed(tiny, few_photos, tmp_path, uncompiled):
+    opts = options(tmp_path, baselines=("eager-fp32",))
+    entry = tiny_entry(tiny, few_photos)
+    run_bench([entry], opts, clock_for=FAST)
+    changed_batches = run_bench([replace(entry, batch_sizes=(1,))], replace(opts, resume=True), clock_for=FAST)
+    assert changed_batches.resumed == {}
+    other_baselines = run_bench([entry], replace(opts, resume=True, baselines=("eager-cl",)), clock_for=FAST)
+    assert other_baselines.resumed == {} and other_baselines.entries[0].subjects() == [TRTMC, "eager-cl"]
+    assert run_bench([entry], opts, clock_for=FAST).resumed == {}  # without --resume, every entry is timed
+
+
 def test_cli_benches_one_model_on_the_cpu(tiny, few_photos, tmp_path, uncompiled):
     code, out, err = run_cli(
         "bench", "--device", "cpu", "--model", tiny, "--precision", "fp32", "--batch", "1", "--batch", "2", "--photos", few_photos,

@@ -141,6 +141,11 @@ def add_bench(sub) -> None:
                      help="only run the CPU-bound part of each entry (with --prepare-jobs N: N at a time), then exit")
     how.add_argument("--reuse-prepared", action="store_true",
                      help="time with the bundles a --prepare-only run left in --workdir (their build times as recorded)")
+    how.add_argument("--resume", action="store_true",
+                     help="take every entry that an earlier run in the same --workdir finished, on this machine with "
+                          "these versions and the same entry settings, from its record (WORKDIR/timed/) instead of timing "
+                          "it again; the report says which. A long bench can so run as several shorter ones, e.g. "
+                          "--only A --only B, then --resume over all entries")
     default = TimingProtocol()
     how.add_argument("--warmups", type=int, metavar="N", help=f"warm-up rounds per row (default {default.warmups})")
     how.add_argument("--iters", type=int, metavar="N", help=f"measured rounds per row (default {default.iters})")
@@ -264,6 +269,7 @@ def _cmd_bench(args) -> int:
         baselines=_baselines(args),
         reuse_bundles=args.reuse_prepared,
         backend=args.backend,
+        resume=args.resume,
     )
     progress = Progress(args.quiet)
     if args.prepare_jobs > 0:

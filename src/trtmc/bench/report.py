@@ -83,6 +83,7 @@ def to_json(result: BenchResult) -> dict[str, Any]:
             "baselines": list(result.options.baselines),
             "workdir": str(result.options.workdir),
         },
+        "resumed": dict(result.resumed),  # entry -> start of the earlier run that timed it (--resume)
         "summary": {
             "entries": len(result.entries),
             **counts,
@@ -294,6 +295,15 @@ def _folder_lines(result: BenchResult) -> list[str]:
     ]
 
 
+def _resumed_lines(result: BenchResult) -> list[str]:
+    if not result.resumed:
+        return []
+    runs = ", ".join(f"{name} ({started})" for name, started in result.resumed.items())
+    return [f"Timed in more than one run (`--resume`): {len(result.resumed)} of {len(result.entries)} entries come "
+            f"from earlier runs in the same work folder, on this machine with these versions and options: {runs}. "
+            "The time above is this run's.", ""]
+
+
 def to_markdown(result: BenchResult) -> str:
     env = result.environment
     baselines = list(result.options.baselines)
@@ -304,6 +314,7 @@ def to_markdown(result: BenchResult) -> str:
         + (f" · timm {env['timm']}" if "timm" in env else "")
         + f" · {result.started} · {result.seconds / 60:.1f} min",
         "",
+        *_resumed_lines(result),
         "## Headline: trtmc's engine against the expert baseline",
         "",
         *_headline_lines(result),

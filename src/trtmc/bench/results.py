@@ -5,8 +5,8 @@ report only reads them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 from .oracle import Reference, Verdict
 from .spec import HEADLINE, LOADER_WORKERS_CAP, BenchOptions, Entry
@@ -211,6 +211,7 @@ class BenchResult:
     entries: tuple[EntryResult, ...]
     started: str
     seconds: float
+    resumed: Mapping[str, str] = field(default_factory=dict)  # entry name -> start of the earlier run that timed it
 
     @property
     def ok(self) -> bool:

@@ -506,6 +506,49 @@ def environment(device: str) -> dict[str, Any]:
     return env
 
 
+RECORDS = "timed"  # the workdir folder of finished entries' records, which --resume reads
+
+
+def _record_path(options: BenchOptions, entry: Entry) -> Path:
+    return Path(options.workdir) / RECORDS / f"{entry.name}.pickle"
+
+
+def save_record(options: BenchOptions, result: EntryResult, env: dict[str, Any], started_at: str) -> None:
+    """A finished entry's result, with the environment and the start of the run that timed it."""
+    import pickle
+
+    from ..files import write_bytes_atomically
+
+    path = _record_path(options, result.entry)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {"result": result, "environment": env, "options": _timed_with(options), "started": started_at}
+    write_bytes_atomically(path, pickle.dumps(record))
+
+
+def _timed_with(options: BenchOptions) -> tuple:
+    """The options that change what an entry's rows are."""
+    return options.device, options.backend, tuple(options.baselines)
+
+
+def resumed_record(options: BenchOptions, entry: Entry, env: dict[str, Any]) -> tuple[EntryResult, str] | None:
+    """The result an earlier run timed for `entry` in this workdir, with that run's start, if the
+    entry is the same (model, precision, batch sizes, protocol...), and so are the environment
+    (machine, versions) and the options that make its rows (device, backend, baselines); None otherwise."""
+    import pickle
+
+    path = _record_path(options, entry)
+    if not path.is_file():
+        return None
+    try:
+        record = pickle.loads(path.read_bytes())
+    except Exception:  # a record of another trtmc version: time the entry again
+        log.debug("unreadable record %s", path, exc_info=True)
+        return None
+    if (record["result"].entry, record["environment"], record["options"]) != (entry, env, _timed_with(options)):
+        return None
+    return record["result"], record["started"]
+
+
 def run_bench(
     entries: tuple[Entry, ...] | list[Entry],
     options: BenchOptions,
@@ -516,18 +559,27 @@ def run_bench(
     on_result: Callable[[BenchResult], None] | None = None,
 ) -> BenchResult:
     """Every entry in turn (one failing never stops the others); `on_result` sees the results so
-    far after each entry, so a run cut short still leaves its finished rows behind."""
+    far after each entry, so a run cut short still leaves its finished rows behind. Each finished
+    entry is also recorded in the workdir; with `options.resume`, an entry recorded there by an earlier
+    run on the same machine and versions is taken from its record instead of timed again, so a long
+    bench can run as several shorter ones."""
     options.validate()
     Path(options.workdir).mkdir(parents=True, exist_ok=True)
     started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     started = time.perf_counter()
-    results = []
+    env = environment(options.device)
+    results, resumed = [], {}
     for index, entry in enumerate(entries, 1):
         prefix = f"[{index}/{len(entries)} {entry.name}]"
-        results.append(
-            run_entry(entry, options, prepare=prepare, clock_for=clock_for, progress=lambda m, p=prefix: progress(f"{p} {m}"))
-        )
+        earlier = resumed_record(options, entry, env) if options.resume else None
+        if earlier is not None:
+            results.append(earlier[0])
+            resumed[entry.name] = earlier[1]
+            progress(f"{prefix} {earlier[0].status}: timed by the run started {earlier[1]} (--resume)")
+        else:
+            results.append(run_entry(entry, options, prepare=prepare, clock_for=clock_for,
+                                     progress=lambda m, p=prefix: progress(f"{p} {m}")))
+            save_record(options, results[-1], env, started_at)
         if on_result is not None:
-            on_result(BenchResult(environment(options.device), options, tuple(results), started_at,
-                                  time.perf_counter() - started))
-    return BenchResult(environment(options.device), options, tuple(results), started_at, time.perf_counter() - started)
+            on_result(BenchResult(env, options, tuple(results), started_at, time.perf_counter() - started, dict(resumed)))
+    return BenchResult(env, options, tuple(results), started_at, time.perf_counter() - started, dict(resumed))

@@ -196,6 +196,7 @@ class BenchOptions:
     baselines: tuple[str, ...] = DEFAULT_BASELINES
     reuse_bundles: bool = False  # use bundles (and their recorded build times) from a prepare phase
     backend: str = "inductor"  # the trtmc engine benched (the reference engine times the harness itself)
+    resume: bool = False  # take each entry an earlier run timed here (same entry, same environment) from its record
 
     def validate(self) -> None:
         from ..backends import BACKENDS
