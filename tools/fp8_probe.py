@@ -4,7 +4,8 @@ An experiment, not product code: it compiles one model's fp16 graph and its fp8 
 calibrated on the shipped photos) the way the CUDA inductor engine does, plus fp8 variants whose GEMM lowering
 this script swaps in (`use_fast_accum`, the bias inside the GEMM), replays each in a CUDA graph at one batch
 size, times them interleaved with the bench protocol and writes the kernels of one replay of each, summed by
-kernel name, to OUT.json.
+kernel name, to OUT.json. Swapping the lowering is the experiment, so this script, unlike the other tools,
+replaces a private function of trtmc (`torch_lowering._quantized_gemm`) while it traces each variant.
 
     PYTHONPATH=src python3 tools/fp8_probe.py vit_base_patch16_224 128 /tmp/out/fp8-probe.json
 """

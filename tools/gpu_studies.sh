@@ -14,7 +14,11 @@ mkdir -p "$OUT" "$WORK" benchmarks/studies
 LOG="$OUT/session.log"
 say() { echo "=== $(date +%T) +${SECONDS}s $*" | tee -a "$LOG"; }
 
-{ nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv; python3 -c "import torch; print(torch.__version__, torch.cuda.get_device_name())"; nproc; git log -1 --format=%H; } >>"$LOG" 2>&1
+{ nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv; python3 -c "import torch; print(torch.__version__, torch.cuda.get_device_name())"; nproc; } >>"$LOG" 2>&1
+# Which code ran: the device machine's .git can be older than the files copied to it, so the log records a
+# digest of the source tree instead (compare it with the same command on a checkout).
+digest() { find src tools -type f \( -name '*.py' -o -name '*.sh' \) | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-16; }
+echo "source digest: $(digest) (find src tools -name '*.py' -o -name '*.sh', sorted, sha256sum of sha256sums)" >>"$LOG"
 left_models=$#
 for model in "$@"; do
     budget=$(( (LIMIT - SECONDS - 20) / left_models ))
