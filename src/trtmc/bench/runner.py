@@ -513,7 +513,12 @@ def _record_path(options: BenchOptions, entry: Entry) -> Path:
     return Path(options.workdir) / RECORDS / f"{entry.name}.pickle"
 
 
-def save_record(options: BenchOptions, result: EntryResult, env: dict[str, Any], started_at: str) -> None:
+def _timed_with(options: BenchOptions) -> tuple:
+    """The options that change what an entry's rows are."""
+    return options.device, options.backend, tuple(options.baselines)
+
+
+def _save_record(options: BenchOptions, result: EntryResult, env: dict[str, Any], started_at: str) -> None:
     """A finished entry's result, with the environment and the start of the run that timed it."""
     import pickle
 
@@ -525,12 +530,7 @@ def save_record(options: BenchOptions, result: EntryResult, env: dict[str, Any],
     write_bytes_atomically(path, pickle.dumps(record))
 
 
-def _timed_with(options: BenchOptions) -> tuple:
-    """The options that change what an entry's rows are."""
-    return options.device, options.backend, tuple(options.baselines)
-
-
-def resumed_record(options: BenchOptions, entry: Entry, env: dict[str, Any]) -> tuple[EntryResult, str] | None:
+def _resumed_record(options: BenchOptions, entry: Entry, env: dict[str, Any]) -> tuple[EntryResult, str] | None:
     """The result an earlier run timed for `entry` in this workdir, with that run's start, if the
     entry is the same (model, precision, batch sizes, protocol...), and so are the environment
     (machine, versions) and the options that make its rows (device, backend, baselines); None otherwise."""
@@ -569,9 +569,13 @@ def run_bench(
     started = time.perf_counter()
     env = environment(options.device)
     results, resumed = [], {}
+
+    def so_far() -> BenchResult:
+        return BenchResult(env, options, tuple(results), started_at, time.perf_counter() - started, dict(resumed))
+
     for index, entry in enumerate(entries, 1):
         prefix = f"[{index}/{len(entries)} {entry.name}]"
-        earlier = resumed_record(options, entry, env) if options.resume else None
+        earlier = _resumed_record(options, entry, env) if options.resume else None
         if earlier is not None:
             results.append(earlier[0])
             resumed[entry.name] = earlier[1]
@@ -579,7 +583,7 @@ def run_bench(
         else:
             results.append(run_entry(entry, options, prepare=prepare, clock_for=clock_for,
                                      progress=lambda m, p=prefix: progress(f"{p} {m}")))
-            save_record(options, results[-1], env, started_at)
+            _save_record(options, results[-1], env, started_at)
         if on_result is not None:
-            on_result(BenchResult(env, options, tuple(results), started_at, time.perf_counter() - started, dict(resumed)))
-    return BenchResult(env, options, tuple(results), started_at, time.perf_counter() - started, dict(resumed))
+            on_result(so_far())
+    return so_far()

@@ -103,12 +103,12 @@ def _stage(read: LayoutReader, prefix: str, depth: int, width_in: int, resolutio
 
 
 def patch_embedding(read: LayoutReader) -> tuple[int, int, tuple[int, int]]:
-    """timm's PatchEmbed with its norm (Swin V1 and V2): the patch size, the embedding width and the
-    token grid it makes of the checkpoint's input size."""
+    """timm's PatchEmbed with its norm (Swin V1 and V2), placed: the embedding width, the patch size
+    and the token grid it makes of the checkpoint's input size (`LayoutReader.patch_grid`)."""
     width, patch, grid = read.patch_grid()
     read.conv("patch_embed.proj", read.ckpt.config.pretrained.input_size[0], bias=True)
     read.layer_norm("patch_embed.norm", width)
-    return patch, width, grid
+    return width, patch, grid
 
 
 def stage_depths(read: LayoutReader, network: str) -> dict[int, int]:
@@ -122,7 +122,7 @@ def stage_depths(read: LayoutReader, network: str) -> dict[int, int]:
 def derive_layout(ckpt: Checkpoint, arch: SwinConfig) -> Layout:
     """Stages and blocks from the key names; widths, windows and heads from the shapes."""
     read = LayoutReader(ckpt)
-    patch, width, resolution = patch_embedding(read)
+    width, patch, resolution = patch_embedding(read)
     depths = stage_depths(read, "Swin Transformer")
     stages = []
     for i, depth in depths.items():

@@ -113,7 +113,7 @@ def _stage(
 def derive_layout(ckpt: Checkpoint, arch: SwinV2Config) -> Layout:
     """Stages and blocks from the key names; widths and heads from the shapes; windows from the config."""
     read = LayoutReader(ckpt)
-    patch, width, resolution = patch_embedding(read)
+    width, patch, resolution = patch_embedding(read)
     stages: list[StageSpec] = []
     for i, depth in stage_depths(read, "Swin Transformer V2").items():
         stages.append(_stage(read, f"layers.{i}", depth, width, resolution, arch, first=not stages))
