@@ -69,3 +69,12 @@ def test_the_runtime_path_does_not_import_torchvision():
     code = "import sys, trtmc.runtime, trtmc.tasks, trtmc.pipeline; print('torchvision' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_an_array_is_resized_on_the_device_it_is_asked_for():
+    # The meta device computes shapes only: the result being there shows no step ran on the host.
+    spec = PreprocessSpec((224, 224), "bicubic", 0.875, "center", (0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
+    hwc = np.random.default_rng(0).random((300, 451, 3), dtype=np.float32)
+    pixels = spec.from_array(hwc, device="meta")
+    assert pixels.device.type == "meta"
+    assert tuple(pixels.shape) == (3, 224, 224)

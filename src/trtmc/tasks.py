@@ -162,8 +162,11 @@ def preprocess_images(runtime: Runtime, images: Any) -> torch.Tensor:
             prepared.append(("array", _check_array(item, name)))
         else:
             raise InvalidInput(f"input #{position}: expected a file path or a float32 HWC array, got {type(item).__name__}")
-    spec = runtime.preprocess
-    return torch.stack([spec.from_pil(v) if kind == "file" else spec.from_array(v) for kind, v in prepared])
+    spec, device = runtime.preprocess, runtime.device
+    # Files crop in PIL on the host (timm's exact transform); arrays resize on the engine's device.
+    return torch.stack(
+        [spec.from_pil(v).to(device) if kind == "file" else spec.from_array(v, device) for kind, v in prepared]
+    )
 
 
 def image_to_class_scores(runtime: Runtime, images: Any, **options: Any) -> ClassScores:
