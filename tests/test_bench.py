@@ -266,6 +266,20 @@ def test_oracle_lets_a_near_tie_change_places_within_the_tolerance():
     assert oracle.judge(swapped, reference_of(ref), 0.05).right
 
 
+def test_a_swap_that_timms_own_precision_makes_is_a_tie_and_a_larger_one_is_not():
+    ref = logits_with_top((0, 1, 2, 3, 4), (5, 6, 7, 8, 9))
+    ref[0, 7] = 5.6  # timm's 6th class trails its 5th (6.0) by 0.04 of the largest logit (10)
+    swapped = logits_with_top((0, 1, 2, 3, 7), (5, 6, 7, 8, 9))
+    timm_low = ref.clone()
+    timm_low[0, 0] += 0.25  # timm's own low-precision model strays by 0.25 on photo 0
+    noisy = reference_of(ref).with_noise(timm_low)
+    assert float(noisy.noise[0]) == 0.25 and float(noisy.noise[1]) == 0.0
+    assert oracle.judge(swapped, noisy, 0.01).right  # 0.4 apart: within 0.01 x 10 + 2 x 0.25
+    timm_low[0, 0] = ref[0, 0] + 0.1
+    assert oracle.judge(swapped, reference_of(ref).with_noise(timm_low), 0.01).mismatches  # beyond 0.1 + 2 x 0.1
+    assert reference_of(ref).with_noise(timm_low).to_json()["noise"]["p0.jpg"] == 0.01
+
+
 def test_oracle_reports_non_finite_logits():
     ref = reference_of(logits_with_top((0, 1, 2, 3, 4), (5, 6, 7, 8, 9)))
     ours = ref.logits.clone()

@@ -254,6 +254,16 @@ def _baseline_plan(entry: Entry, options: BenchOptions, model, photos: Photos, c
     return plan
 
 
+def _timm_at_precision(model, precision: str, photos: Photos, device: str) -> torch.Tensor:
+    """timm's own answers on the photos at `precision`, eager on `device`: the oracle's noise."""
+    eager = make_baseline("eager-fp32" if precision == "fp32" else "eager-cl", model, precision, device)
+    with torch.no_grad():
+        logits = eager(eager.prepare(photos.timm_pixels.to(device)))
+    del eager
+    _free(device)
+    return logits
+
+
 def _first_call(contender: Contender, device: str) -> float:
     started = time.perf_counter()
     contender.call()
@@ -370,9 +380,10 @@ def run_entry(
             )
             photos = Photos.load(files, source.folder, target.preprocess)
             ref = oracle.reference(timm_model, photos.timm_pixels, files)
-            facts["reference"] = ref
-            progress(f"timm fp32 answers on {len(files)} photos: the oracle's reference")
             model = timm_model.to(options.device).eval()
+            ref = ref.with_noise(_timm_at_precision(model, entry.precision, photos, options.device))
+            facts["reference"] = ref
+            progress(f"timm fp32 answers on {len(files)} photos (and timm {entry.precision}'s noise): the oracle's reference")
             plan = _trtmc_plan(entry, target, photos, clock_for)
             plan += _baseline_plan(entry, options, model, photos, clock_for)
             rows = time_and_judge(plan, entry, ref, options.device, progress)
