@@ -328,6 +328,8 @@ def test_entry_times_both_scopes_and_every_baseline_interleaved_and_judges_each_
     # Before all of it, the engine's warm-up calls it once at each size it serves (1 and 2).
     assert uncompiled.calls == 2 + 2 * (14 + 22) + 2 * (14 + 6)
     assert result.headline(1) == pytest.approx(1.1) and result.verdict(result.headline(1)) == "faster"
+    # The oracle measured how far timm itself strays on each photo (here fp32 on the CPU: the same model)
+    assert result.reference.noise is not None and result.reference.noise.shape == (22,)
     assert result.ratio("eager-fp32", 1) == pytest.approx(2.0)
     assert result.verdict(result.ratio("eager-cl", 4)) == "on par"  # 1.02 is within the 5% margin
     assert result.verdict(result.ratio("reduce-overhead", 4)) == "slower"

@@ -161,6 +161,7 @@ class Contender:
     call: Callable[[], Any]
     answer: Callable[[], torch.Tensor]
     clock: Clock
+    reference: oracle.Reference | None = None  # the row's own (its input path's noise added); else the entry's
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -203,7 +204,7 @@ def _cycled(items, batch: int):
 Plan = list["Contender | Row"]
 
 
-def _trtmc_plan(entry: Entry, target: Target, photos: Photos, clock_for: ClockFor) -> Plan:
+def _trtmc_plan(entry: Entry, target: Target, photos: Photos, task_ref: oracle.Reference, clock_for: ClockFor) -> Plan:
     plan: Plan = []
     label = f"trtmc {entry.precision}"
     device = target.device
@@ -227,6 +228,7 @@ def _trtmc_plan(entry: Entry, target: Target, photos: Photos, clock_for: ClockFo
             call=lambda images=images: target.task(images),
             answer=lambda b=batch: oracle.in_chunks(target.task, list(photos.decoded), b, pad=False),
             clock=clock_for(TRTMC, TASK, batch, device),
+            reference=task_ref,
         ))
     return plan
 
@@ -262,6 +264,14 @@ def _timm_at_precision(model, precision: str, photos: Photos, device: str) -> to
     del eager
     _free(device)
     return logits
+
+
+def _timm_on_array_pixels(timm_model, preprocess: PreprocessSpec, photos: Photos) -> torch.Tensor:
+    """timm fp32 on the CPU given the pixels the task's array path makes of the photos (it resizes
+    float arrays where timm resizes 8-bit images): the task scope's input noise."""
+    pixels = torch.stack([preprocess.from_array(image) for image in photos.decoded])
+    with torch.no_grad():
+        return timm_model.float()(pixels)
 
 
 def _first_call(contender: Contender, device: str) -> float:
@@ -314,7 +324,7 @@ def time_and_judge(plan: Plan, entry: Entry, ref: oracle.Reference, device: str,
 
 def _judged(c: Contender, timing: Timing, first_call_s: float, ref: oracle.Reference) -> Row:
     try:
-        verdict = oracle.judge(c.answer(), ref, c.tolerance)
+        verdict = oracle.judge(c.answer(), c.reference or ref, c.tolerance)
     except Exception as exc:
         log.debug("the oracle's run of %s %s batch %d failed", c.label, c.scope, c.batch, exc_info=True)
         return c.failed(f"answering the oracle: {type(exc).__name__}: {exc}", first_call_s)
@@ -380,11 +390,13 @@ def run_entry(
             )
             photos = Photos.load(files, source.folder, target.preprocess)
             ref = oracle.reference(timm_model, photos.timm_pixels, files)
+            array_logits = _timm_on_array_pixels(timm_model, target.preprocess, photos)  # on the CPU, before .to()
             model = timm_model.to(options.device).eval()
             ref = ref.with_noise(_timm_at_precision(model, entry.precision, photos, options.device))
+            task_ref = ref.with_noise(array_logits)
             facts["reference"] = ref
             progress(f"timm fp32 answers on {len(files)} photos (and timm {entry.precision}'s noise): the oracle's reference")
-            plan = _trtmc_plan(entry, target, photos, clock_for)
+            plan = _trtmc_plan(entry, target, photos, task_ref, clock_for)
             plan += _baseline_plan(entry, options, model, photos, clock_for)
             rows = time_and_judge(plan, entry, ref, options.device, progress)
             del plan, target, model
