@@ -115,3 +115,44 @@ def test_verbose_works_after_the_command_too_and_logs_the_cold_start_breakdown(b
     steps = [r.getMessage() for r in caplog.records if r.name == "trtmc.classify"]
     assert any("imports" in s for s in steps) and any("engine reference-cpu-fp32 loaded" in s for s in steps)
     assert any("first result written" in s for s in steps)
+
+
+def test_compiled_prints_the_same_top_class_as_the_quick_start_default(bundle):
+    # The default answers at once from the uncompiled graph where an engine would compile; --compiled loads
+    # it compiled. Same precision either way, so the same answer (this bundle's engine compiles in neither).
+    image = "examples/images/chelsea.png"
+    quick = run_cli("classify", bundle, image, "--top-k", "1", "-q").stdout.splitlines()
+    compiled = run_cli("classify", "--compiled", bundle, image, "--top-k", "1", "-q").stdout.splitlines()
+    assert compiled == quick and "282" in compiled[1] and "tiger cat" in compiled[1]
+    help_text = " ".join(run_cli("classify", "--help").stdout.split())
+    assert "--compiled compile the engine from the bundle's caches" in help_text
+
+
+def test_classify_asks_every_engine_for_a_quick_start_unless_told_compiled(bundle, monkeypatch):
+    # The options must reach the backend's load through Runtime and open_engine (the CUDA engine is the one
+    # that acts on them, and no GPU is here): the reference backend's own load, watched.
+    from trtmc.backends import LoadOptions, get_backend
+
+    backend = get_backend("reference")
+    asked = []
+
+    def load(files, entry, graph, options=LoadOptions()):
+        asked.append(options)
+        return real_load(files, entry, graph, options)
+
+    real_load = backend.load
+    monkeypatch.setattr(backend, "load", load)
+    run_cli("classify", bundle, "examples/images/chelsea.png", "-q")
+    run_cli("classify", bundle, "examples/images/chelsea.png", "--compiled", "-q")
+    assert asked == [LoadOptions(quick_start=True), LoadOptions(quick_start=False)]
+
+
+def test_the_timeline_says_when_the_engine_answers_uncompiled_for_a_quick_start(bundle):
+    from trtmc.backends.inductor import UncompiledCudaEngine
+    from trtmc.cli.classify import loaded_engine_step
+
+    runtime = Runtime.open(bundle)
+    # The CUDA path makes it on "cuda"; the class is the same on the CPU.
+    quick = UncompiledCudaEngine(runtime.graph, "cpu", runtime.max_batch)
+    assert loaded_engine_step("inductor-cuda-fp16", quick) == "engine inductor-cuda-fp16 loaded (uncompiled, quick start)"
+    assert loaded_engine_step(runtime.choice.key, runtime.engine) == "engine reference-cpu-fp32 loaded"

@@ -11,19 +11,24 @@ from __future__ import annotations
 
 import inspect
 import logging
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from conftest import run_cli
-from trtmc.backends import BACKENDS, DEVICES, Backend, Batching, Engine, EngineSpec, get_backend
+from trtmc.backends import BACKENDS, DEVICES, Backend, Batching, Engine, EngineSpec, LoadOptions, get_backend
 from trtmc.backends.engine_io import EngineBase, WarnOnce, device_missing_reason, owned_logits
-from trtmc.backends.inductor import InductorCudaEngine
+from trtmc.backends.inductor import InductorCudaEngine, UncompiledCudaEngine, compiled_batch_sizes
+from trtmc.backends.reference import ReferenceEngine
 from trtmc.backends.tensorrt_engine import TensorRTEngine
 from trtmc.graph import Activation
 from trtmc.graph_builder import GraphBuilder
 from trtmc.passes.precision import PrecisionPolicy, assign_precision
+from trtmc.runtime import Runtime
 
 MAX_BATCH = 3
 CLASSES = 10
@@ -102,6 +107,10 @@ def test_every_registered_backend_implements_the_backend_protocol(name):
     for device in backend.devices:
         reason = backend.cannot_build_reason(device)
         assert reason is None or (isinstance(reason, str) and reason)
+    # One `load` signature for every backend; callers that pass no options get the default load.
+    parameters = inspect.signature(backend.load).parameters
+    assert list(parameters) == ["files", "entry", "graph", "options"]
+    assert parameters["options"].default == LoadOptions() and LoadOptions().quick_start is False
 
 
 def test_build_help_offers_every_registered_backend_with_its_summary():
@@ -219,6 +228,58 @@ def test_a_cuda_engine_compiles_from_the_bundles_caches_without_inductors_worker
         assert inductor_config.compile_threads == before
 
 
+# ---- quick start: the CUDA engine's graph uncompiled ---------------------------------------------------
+# The runtime makes it on "cuda"; its device is a parameter, so the same class runs here on the CPU.
+
+
+def test_the_uncompiled_engine_answers_as_the_reference_engine(graph):
+    max_batch = 4
+    assert 3 not in compiled_batch_sizes(max_batch)  # the compiled CUDA engine would pad 3 photos to 4
+    engine = UncompiledCudaEngine(graph, "cpu", max_batch)
+    reference = ReferenceEngine(graph, "cpu", Batching.up_to(max_batch))
+    assert isinstance(engine, Engine) and engine.device == "cpu" and engine.batching == Batching.up_to(max_batch)
+    for batch in (1, 3, 4):
+        x = pixels(batch, seed=20 + batch, device="cpu")
+        got, expected = engine(x), reference(x)
+        assert got.shape == (batch, CLASSES) and got.dtype == torch.float32
+        relative = float((got - expected).abs().max() / expected.abs().max())
+        assert relative <= 1e-5, f"batch {batch}: {relative:.2e} of the largest logit"
+    with pytest.raises(ValueError, match=r"with N any batch 1\.\.4, got \(5, 3, 16, 16\)"):
+        engine(pixels(max_batch + 1, seed=0, device="cpu"))
+
+
+def test_the_uncompiled_engine_reads_channels_last_pixels_as_contiguous_ones(graph):
+    # It takes the pixels as they come (copies_input) and makes its own channels-last copy.
+    engine = UncompiledCudaEngine(graph, "cpu", MAX_BATCH)
+    x = pixels(2, seed=5, device="cpu")
+    assert torch.equal(engine(x.contiguous(memory_format=torch.channels_last)), engine(x))
+
+
+def test_the_uncompiled_engine_loads_and_answers_without_importing_dynamo_or_inductor():
+    # Importing and running Dynamo and Inductor is most of the compiled CUDA engine's load time: a quick start
+    # must not pay it. Another process, since this one may have imported them for other tests.
+    code = (
+        f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from test_engines_contract import MAX_BATCH, small_classifier, pixels\n"
+        "from trtmc.backends.inductor import UncompiledCudaEngine\n"
+        "UncompiledCudaEngine(small_classifier(), 'cpu', MAX_BATCH)(pixels(2, seed=1, device='cpu'))\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('torch._dynamo', 'torch._inductor'))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_quick_start_loads_a_cpu_bundles_compiled_engine_as_the_default_load_does(lite0_bundle):
+    # Quick start applies only to engines that compile when they load; the CPU package is compiled code already.
+    default = Runtime.open(lite0_bundle)
+    quick = Runtime.open(lite0_bundle, options=LoadOptions(quick_start=True))
+    assert quick.choice.key == default.choice.key == "inductor-cpu-fp32"
+    assert type(quick.engine) is type(default.engine) and not isinstance(quick.engine, UncompiledCudaEngine)
+    assert quick.batching == default.batching
+    x = torch.randn((3, *default.graph.inputs[0].type.shape[1:]), generator=torch.Generator().manual_seed(7))
+    assert np.array_equal(quick.logits(x), default.logits(x))
+
+
 # ---- engines that cannot run here: checked against the protocol, not mocked --------------------------
 
 
@@ -235,7 +296,7 @@ def test_protocol_members_are_what_the_engine_contract_names():
     assert set(protocol_members(Engine)) == {"device", "batching", "warm_up", "__call__"}
 
 
-@pytest.mark.parametrize("cls", [TensorRTEngine, InductorCudaEngine], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("cls", [TensorRTEngine, InductorCudaEngine, UncompiledCudaEngine], ids=lambda c: c.__name__)
 def test_engine_classes_that_need_a_gpu_declare_every_protocol_member(cls):
     # No GPU here can run a TensorRT plan or the CUDA inductor engine, so the class is checked, not an instance.
     for name, method in protocol_members(Engine).items():

@@ -65,3 +65,22 @@ def test_a_batch_without_an_image_or_path_column_is_refused(lite0_bundle):
 
     with pytest.raises(InvalidInput, match="needs an 'image' or a 'path' column, it has pixels"):
         ClassifyBatch(lite0_bundle)({"pixels": np.zeros((1, 4, 4, 3), np.uint8)})
+
+
+def test_actors_load_their_engine_for_a_quick_start_unless_told_not_to(lite0_bundle, monkeypatch):
+    # Each actor loads its own engine: a CUDA inductor engine compiling in every one costs each its start-up.
+    from trtmc.backends import LoadOptions, get_backend
+    from trtmc.ray import ClassifyBatch
+
+    backend = get_backend("inductor")
+    asked = []
+
+    def load(files, entry, graph, options=LoadOptions()):
+        asked.append(options)
+        return real_load(files, entry, graph, options)
+
+    real_load = backend.load
+    monkeypatch.setattr(backend, "load", load)
+    ClassifyBatch(lite0_bundle)
+    ClassifyBatch(lite0_bundle, quick_start=False)
+    assert asked == [LoadOptions(quick_start=True), LoadOptions(quick_start=False)]

@@ -6,6 +6,8 @@ machine cannot run (its backend's `unavailable_reason`) and one that fails to lo
 over with one warning line saying why, and the next one is tried; asking for an engine by name
 makes either an error naming the fix. `Runtime.logits` feeds the chosen engine host pixels in
 chunks its `Batching` serves (padded up to a served size) and returns float32 host logits.
+`LoadOptions` go to every backend's `load`: `quick_start` makes the CUDA inductor engine answer from
+its graph uncompiled instead of compiling first (what `trtmc classify` does by default).
 """
 
 from __future__ import annotations
@@ -16,7 +18,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .backends import BACKENDS, DEFAULT_BACKEND, Batching, Engine, EngineEntry, get_backend, unknown_backend_message
+from .backends import (
+    BACKENDS,
+    DEFAULT_BACKEND,
+    Batching,
+    Engine,
+    EngineEntry,
+    LoadOptions,
+    get_backend,
+    unknown_backend_message,
+)
 from .backends.torch_lowering import TORCH_DTYPES
 from .bundle import Bundle, BundleError, read_bundle
 from .graph import Graph
@@ -59,7 +70,7 @@ def _first_line(exc: Exception) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
-def _load(bundle: Bundle, entry: EngineEntry, graph: Graph) -> tuple[Engine | None, str | None]:
+def _load(bundle: Bundle, entry: EngineEntry, graph: Graph, options: LoadOptions) -> tuple[Engine | None, str | None]:
     """The loaded engine, or None and why it cannot run here."""
     if entry.backend not in BACKENDS:
         return None, unknown_backend_message(entry.backend) + " (a newer trtmc may run it)"
@@ -68,18 +79,20 @@ def _load(bundle: Bundle, entry: EngineEntry, graph: Graph) -> tuple[Engine | No
     if reason is not None:
         return None, reason
     try:
-        return backend.load(bundle.engine_files(entry.key), entry, graph), None
+        return backend.load(bundle.engine_files(entry.key), entry, graph, options), None
     except Exception as exc:  # native loaders raise anything (RuntimeError, OSError, ...): it did not load
         log.info("loading engine %s failed", entry.key, exc_info=True)  # the traceback, for -v
         return None, f"it failed to load ({_first_line(exc)})"
 
 
-def open_engine(bundle: Bundle, wanted: str | None = None) -> tuple[EngineEntry, Engine, list[str]]:
+def open_engine(
+    bundle: Bundle, wanted: str | None = None, options: LoadOptions = LoadOptions()
+) -> tuple[EngineEntry, Engine, list[str]]:
     """The first engine that can run here, loaded, and one line for each engine passed over."""
     graph = bundle.graph()
     skipped: list[str] = []
     for entry in _candidates(bundle, wanted):
-        engine, reason = _load(bundle, entry, graph)
+        engine, reason = _load(bundle, entry, graph, options)
         if engine is not None:
             return entry, engine, skipped
         line = f"engine {entry.key} cannot run here: {reason}"
@@ -96,9 +109,9 @@ def open_engine(bundle: Bundle, wanted: str | None = None) -> tuple[EngineEntry,
 class Runtime:
     """A loaded bundle: its preprocessing contract, labels and one engine."""
 
-    def __init__(self, bundle: Bundle, engine: str | None = None) -> None:
+    def __init__(self, bundle: Bundle, engine: str | None = None, options: LoadOptions = LoadOptions()) -> None:
         self.bundle = bundle
-        self.choice, self.engine, self.skipped = open_engine(bundle, engine)
+        self.choice, self.engine, self.skipped = open_engine(bundle, engine, options)
         for line in self.skipped:
             log.warning("%s; using %s instead", line, self.choice.key)
         self.preprocess: PreprocessSpec = bundle.preprocess
@@ -111,10 +124,17 @@ class Runtime:
         self._input_dtype = TORCH_DTYPES[self.graph.inputs[0].type.dtype]
 
     @classmethod
-    def open(cls, path: str | Path, engine: str | None = None, expect_sha256: str | None = None) -> "Runtime":
+    def open(
+        cls,
+        path: str | Path,
+        engine: str | None = None,
+        expect_sha256: str | None = None,
+        options: LoadOptions = LoadOptions(),
+    ) -> "Runtime":
         """Read and check the bundle at `path` (refused before anything loads when its manifest
-        digest is not `expect_sha256`), then load the first engine that runs here, or `engine`."""
-        return cls(read_bundle(Path(path), expect_sha256), engine)
+        digest is not `expect_sha256`), then load the first engine that runs here, or `engine`, as
+        `options` ask."""
+        return cls(read_bundle(Path(path), expect_sha256), engine, options)
 
     @property
     def batching(self) -> Batching:
@@ -155,4 +175,4 @@ class Runtime:
         return torch.cat(outputs).numpy()
 
 
-__all__ = ["Runtime", "EngineUnavailable", "BundleError", "open_engine", "BACKENDS"]
+__all__ = ["Runtime", "EngineUnavailable", "BundleError", "LoadOptions", "open_engine", "BACKENDS"]

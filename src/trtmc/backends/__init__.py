@@ -5,7 +5,9 @@ The contract, typed:
 - `Backend` (one module per backend, registered in `BACKENDS`): its `name`, the `devices` it builds
   for, `cannot_build_reason(device)`, `build(graph, spec, progress) -> BuiltEngine`,
   `unavailable_reason(entry) -> str | None` (why this machine cannot run a built engine; checked
-  before anything loads) and `load(files, entry, graph) -> Engine`, one signature for every backend.
+  before anything loads) and `load(files, entry, graph, options=LoadOptions()) -> Engine`, one
+  signature for every backend (`LoadOptions` asks for a quick start; backends it does not apply to
+  ignore it).
 - `Engine`: a loaded engine. It states its `device` and its `Batching` (any batch 1..max_batch, or a
   fixed set of sizes), does its one-time work in `warm_up()`, and `engine(pixels)` checks the shape,
   dtype and device it is given (ValueError naming expected and got) and returns float32 logits the
@@ -66,6 +68,22 @@ class EngineSpec:
 
 def engine_key(backend: str, device: str, precision: str) -> str:
     return f"{backend}-{device}-{precision}"
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How the runtime asks a backend to load an engine.
+
+    With `quick_start`, an engine that would compile when it loads (the CUDA inductor engine: Inductor
+    replays the bundle's caches, then the first call at each size compiles and captures a CUDA graph:
+    about 15 s on a GPU) instead answers from its graph uncompiled: the same FX graph, ops and dtypes (so
+    bf16 stays bf16), no Dynamo/Inductor import, no CUDA graphs, serving any batch 1..max_batch. It
+    answers at once where decoding, not the engine, bounds the run (`trtmc classify`). Engines that
+    load compiled code (TensorRT plans, the CPU AOTInductor package) and the reference engine load as
+    always.
+    """
+
+    quick_start: bool = False
 
 
 @dataclass(frozen=True)
@@ -219,7 +237,9 @@ class Backend(Protocol):
 
     def unavailable_reason(self, entry: EngineEntry) -> str | None: ...
 
-    def load(self, files: Mapping[str, bytes], entry: EngineEntry, graph: Graph) -> Engine: ...
+    def load(
+        self, files: Mapping[str, bytes], entry: EngineEntry, graph: Graph, options: LoadOptions = LoadOptions()
+    ) -> Engine: ...
 
 
 def unknown_backend_message(name: str) -> str:

@@ -7,6 +7,12 @@ image's torch 2.11, so the CUDA engine is `torch.compile` of the FX graph with I
 artifacts saved at build time (`inductor-cache.bin`); loading replays them, so a fresh process
 compiles warm. It serves the fixed batch sizes it was compiled for, each replayed in a CUDA graph
 with static input and output buffers (the caller gets a copy of the output, never the buffer).
+
+A quick start (`LoadOptions(quick_start=True)`, `trtmc classify`'s default) skips all of that on
+CUDA: `UncompiledCudaEngine` runs the same FX graph uncompiled (same ops and dtypes, any batch
+1..max_batch), without importing Dynamo or Inductor. Loading the caches and compiling at the first
+call take about 15 s on a GPU, which a run bound by image decoding never wins back. The CPU package
+is compiled code already and loads as always.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from typing import Mapping
 import torch
 
 from ..graph import Graph
-from . import Batching, BuiltEngine, Engine, EngineEntry, EngineSpec, Progress
+from . import Batching, BuiltEngine, Engine, EngineEntry, EngineSpec, LoadOptions, Progress
 from .engine_io import EngineBase, PixelSpec, device_missing_reason
 from .torch_lowering import to_fx
 
@@ -186,12 +192,16 @@ def unavailable_reason(entry: EngineEntry) -> str | None:
     return None
 
 
-def load(files: Mapping[str, bytes], entry: EngineEntry, graph: Graph) -> Engine:
+def load(
+    files: Mapping[str, bytes], entry: EngineEntry, graph: Graph, options: LoadOptions = LoadOptions()
+) -> Engine:
     package = CPU_PACKAGE if entry.device == "cpu" else CUDA_CACHE
     if package not in files:
         raise RuntimeError(f"the inductor engine {entry.key} has no {package}; its files are {sorted(files)}")
-    if entry.device == "cpu":
+    if entry.device == "cpu":  # compiled code already: a quick start changes nothing
         return InductorCpuEngine(files[CPU_PACKAGE], entry.batching, PixelSpec.of(graph, "cpu"))
+    if options.quick_start:
+        return UncompiledCudaEngine(graph, "cuda", entry.batching.max_batch)
     return InductorCudaEngine(graph, files[CUDA_CACHE], entry.batching)
 
 
@@ -248,3 +258,23 @@ class InductorCudaEngine(EngineBase):
         static_in.copy_(pixels, non_blocking=True)
         cuda_graph.replay()
         return static_out  # the next replay overwrites it: EngineBase hands out a copy
+
+
+class UncompiledCudaEngine(EngineBase):
+    """The CUDA engine's FX graph run uncompiled, for a quick start: what `_compile_cuda` would
+    compile (quantized GEMMs, channels-last, the graph's dtypes), eager, serving any batch
+    1..max_batch (nothing is specialised per size, so a batch of 3 runs as 3, unpadded).
+
+    `device` is a parameter only so that CPU tests can compare it with the reference engine; the
+    runtime makes it on "cuda".
+    """
+
+    copies_input = True  # eager ops read any strides, and `_cuda_layout` makes a channels-last copy of the others
+
+    def __init__(self, graph: Graph, device: str, max_batch: int) -> None:
+        super().__init__(PixelSpec.of(graph, device), Batching.up_to(max_batch))
+        # As `_compile_cuda` prepares it, minus the compile; nothing here imports Dynamo or Inductor.
+        self._module = to_fx(graph, quantized_gemms=True).eval().to(device).to(memory_format=torch.channels_last)
+
+    def _forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        return self._module(_cuda_layout(pixels))

@@ -14,7 +14,7 @@ from typing import Mapping
 import torch
 
 from ..graph import Graph
-from . import Batching, BuiltEngine, Engine, EngineEntry, EngineSpec, Progress
+from . import Batching, BuiltEngine, Engine, EngineEntry, EngineSpec, LoadOptions, Progress
 from .engine_io import EngineBase, PixelSpec, device_missing_reason
 from .torch_lowering import GraphModule
 
@@ -43,7 +43,10 @@ def unavailable_reason(entry: EngineEntry) -> str | None:
     return device_missing_reason(entry.device)
 
 
-def load(files: Mapping[str, bytes], entry: EngineEntry, graph: Graph) -> Engine:
+def load(
+    files: Mapping[str, bytes], entry: EngineEntry, graph: Graph, options: LoadOptions = LoadOptions()
+) -> Engine:
+    # `options` is ignored: the graph already runs uncompiled, so a quick start changes nothing.
     if files:
         raise ValueError(f"the reference engine {entry.key} stores no files, but the bundle has {sorted(files)}")
     return ReferenceEngine(graph, entry.device, entry.batching)

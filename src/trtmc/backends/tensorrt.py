@@ -33,7 +33,7 @@ from typing import Any, Mapping
 
 from ..files import update_file_atomically
 from ..graph import DType, Graph, OpKind
-from . import Batching, BuiltEngine, Engine, EngineEntry, EngineSpec, Progress
+from . import Batching, BuiltEngine, Engine, EngineEntry, EngineSpec, LoadOptions, Progress
 from .tensorrt_common import (
     RTX_DEFAULT_TARGETS,
     TRT_MODULE,
@@ -374,7 +374,10 @@ def unavailable_reason(entry: EngineEntry) -> str | None:
     return plan_unavailable_reason(entry.record)
 
 
-def load(files: Mapping[str, bytes], entry: EngineEntry, graph: Graph) -> Engine:
+def load(
+    files: Mapping[str, bytes], entry: EngineEntry, graph: Graph, options: LoadOptions = LoadOptions()
+) -> Engine:
+    # `options` is ignored: a plan is compiled code, loaded as it is, so a quick start changes nothing.
     if PLAN_FILE not in files:
         raise TensorRTLoadError(f"the TensorRT engine has no {PLAN_FILE}; its members are {sorted(files)}")
     return TensorRTEngine(files[PLAN_FILE], entry, graph)
