@@ -2,13 +2,12 @@
 # Issue 10's numbers on the GPU machine (H200, torch 2.11, no network), one call; benchmarks/NOTES.md reads them.
 # Steps, run in the order given (default: bundles cold folders folderbench aoti):
 #   bundles      lite0 (real weights), ghostnet_100 and resnet50 (random weights), fp16, cuda, --max-batch 64, in
-#                parallel, and an AOTInductor CUDA package of lite0 beside them (tools/aoti_cuda_probe.py export);
-#                `bundles-lite0` builds lite0 only
+#                parallel; `bundles-lite0` builds lite0 only
 #   cold         `trtmc -v classify BUNDLE chelsea.png` in a fresh process with empty Inductor and Triton disk
-#                caches (a user's first run on a new machine: only the bundle's caches), lite0 twice, lite0 with
-#                TORCHINDUCTOR_COMPILE_THREADS=16 (Inductor's default worker pool, for comparison), ghostnet_100,
-#                resnet50
-#   folders      `trtmc classify` over 2,002 and 20,000 photos (the 22 repo photos linked round-robin)
+#                caches (a user's first run on a new machine: only the bundle's caches): the quick start (the
+#                default) for lite0 twice, ghostnet_100 and resnet50, then lite0 `--compiled` for comparison
+#   folders      `trtmc classify` over 2,002 and 20,000 photos (the 22 repo photos linked round-robin), then the
+#                2,002 with `--compiled`
 #   probe        tools/pipeline_probe.py on the 2,002 photos: decoding alone and the whole pipeline, profiled
 #   folderbench  the folder scope of `trtmc bench` (2,002 and 20,000 files, trtmc against timm + DataLoader +
 #                torch.compile) and Ray Data over the 2,002 files (tools/folder_bench.py), with Ray from
@@ -69,11 +68,11 @@ for arch in ("ghostnet_100", "resnet50"):
     if not (Path("/tmp/trtmc-gpu") / arch / "config.json").is_file():
         save_random_checkpoint(arch, Path("/tmp/trtmc-gpu") / arch)
 PY
-    ( build_one lite0 examples/checkpoints/tf_efficientnet_lite0.in1k; aoti_export ) &
+    build_one lite0 examples/checkpoints/tf_efficientnet_lite0.in1k &
     build_one ghostnet_100 "$WORK/ghostnet_100" &
     build_one resnet50 "$WORK/resnet50" &
     wait
-    cat "$WORK"/build-*.log "$WORK/aoti-export.log" >>"$LOG" 2>/dev/null
+    cat "$WORK"/build-*.log >>"$LOG" 2>/dev/null
 }
 
 bundles_lite0() { build_one lite0 examples/checkpoints/tf_efficientnet_lite0.in1k; cat "$WORK/build-lite0.log" >>"$LOG"; }
@@ -82,16 +81,16 @@ cold_one() {  # NAME BUNDLE [ENV=VALUE ...]
     local name=$1 bundle=$2; shift 2
     local caches; caches=$(mktemp -d)
     measure "$name" env TORCHINDUCTOR_CACHE_DIR="$caches/inductor" TRITON_CACHE_DIR="$caches/triton" "$@" \
-        timeout 90 python3 -m trtmc -v classify "$WORK/$bundle.bundle" examples/images/chelsea.png --top-k 1
+        timeout 90 python3 -m trtmc -v classify "$WORK/$bundle.bundle" examples/images/chelsea.png --top-k 1 $EXTRA
     rm -rf "$caches"
 }
 
 cold() {
-    cold_one cold-lite0-1 lite0
-    cold_one cold-lite0-2 lite0
-    cold_one cold-lite0-pool16 lite0 TORCHINDUCTOR_COMPILE_THREADS=16
-    cold_one cold-ghostnet_100 ghostnet_100
-    cold_one cold-resnet50 resnet50
+    EXTRA= cold_one cold-lite0-1 lite0
+    EXTRA= cold_one cold-lite0-2 lite0
+    EXTRA= cold_one cold-ghostnet_100 ghostnet_100
+    EXTRA= cold_one cold-resnet50 resnet50
+    EXTRA=--compiled cold_one cold-lite0-compiled lite0
 }
 
 folders() {
@@ -99,6 +98,8 @@ folders() {
         measure "folder-lite0-$count" timeout 150 python3 -m trtmc -v classify "$WORK/lite0.bundle" "$WORK/photos-$count" \
             --top-k 1 --output "$WORK/scores-$count.csv"
     done
+    measure "folder-lite0-2002-compiled" timeout 150 python3 -m trtmc -v classify "$WORK/lite0.bundle" \
+        "$WORK/photos-2002" --top-k 1 --output "$WORK/scores-2002-compiled.csv" --compiled
     head -3 "$WORK/scores-2002.csv" >>"$LOG"
 }
 
