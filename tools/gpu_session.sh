@@ -31,6 +31,9 @@ measure() { local name=$1; shift; python3 tools/measure.py "$RESULTS/measurement
 left() { echo $((LIMIT - SECONDS)); }
 
 machine() {
+    # Each source file's digest: `sha256sum -c source-files.sha256` on a checkout names any file that differs
+    # (the machine's .git can be stale, and one digest of the whole tree cannot say which file changed).
+    find src tools -type f \( -name '*.py' -o -name '*.sh' \) | LC_ALL=C sort | xargs sha256sum >"$OUT/source-files.sha256"
     { nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv; python3 -c "import torch; print(torch.__version__, torch.cuda.get_device_name())"; nproc; } >>"$LOG" 2>&1
     if [ -f .whl/ray-site.tar.xz ]; then
         ( mkdir -p /tmp/raysite && tar -xJf .whl/ray-site.tar.xz -C /tmp/raysite && echo "ray unpacked" >>"$LOG" ) &

@@ -19,6 +19,7 @@ say() { echo "=== $(date +%T) +${SECONDS}s $*" | tee -a "$LOG"; }
 # digest of the source tree instead (compare it with the same command on a checkout).
 digest() { find src tools -type f \( -name '*.py' -o -name '*.sh' \) | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-16; }
 echo "source digest: $(digest) (find src tools -name '*.py' -o -name '*.sh', sorted, sha256sum of sha256sums)" >>"$LOG"
+find src tools -type f \( -name '*.py' -o -name '*.sh' \) | LC_ALL=C sort | xargs sha256sum >"$OUT/source-files.sha256"  # `sha256sum -c` it on a checkout
 left_models=$#
 for model in "$@"; do
     budget=$(( (LIMIT - SECONDS - 20) / left_models ))
