@@ -203,3 +203,19 @@ def assert_refused_before_weights_load(folder: Path, monkeypatch, error: type[Ex
     forbid_weight_reads(monkeypatch)
     with pytest.raises(error, match=match):
         build_graph(Checkpoint(folder))
+
+
+def watch_load_options(monkeypatch, backend_name: str) -> list:
+    """The `LoadOptions` each load of backend `backend_name` is given from now on (its real load still runs)."""
+    from trtmc.backends import LoadOptions, get_backend
+
+    backend = get_backend(backend_name)
+    real_load = backend.load
+    asked: list = []
+
+    def load(files, entry, graph, options=LoadOptions()):
+        asked.append(options)
+        return real_load(files, entry, graph, options)
+
+    monkeypatch.setattr(backend, "load", load)
+    return asked

@@ -22,6 +22,13 @@ def pixels(h=40, w=30, c=3, value=0.5):
     return np.full((h, w, c), value, dtype=np.float32)
 
 
+def one_pixel(value, h=40, w=30):
+    """Valid pixels but for one channel of one pixel, in the middle."""
+    image = pixels(h, w)
+    image[h // 2, w // 3, 1] = value
+    return image
+
+
 @pytest.mark.parametrize(
     "images, message",
     [
@@ -30,6 +37,8 @@ def pixels(h=40, w=30, c=3, value=0.5):
         (pixels(c=1), "needs 3 channels"),
         (pixels(value=np.nan), "NaN or Inf"),
         (pixels(value=np.inf), "NaN or Inf"),
+        (one_pixel(np.nan), "NaN or Inf"),
+        (one_pixel(-np.inf), "NaN or Inf"),
         (pixels(value=1.5), r"must lie in \[0, 1\]"),
         (pixels(value=-0.1), r"must lie in \[0, 1\]"),
         (pixels(h=0), "empty"),

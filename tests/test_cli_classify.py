@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import LITE0_IN_REPO, run_cli
-from support import IMAGES
+from support import IMAGES, watch_load_options
 from trtmc.build import BuildRequest, build_bundle
 from trtmc.runtime import Runtime
 from trtmc.tasks import image_to_class_scores
@@ -131,17 +131,9 @@ def test_compiled_prints_the_same_top_class_as_the_quick_start_default(bundle):
 def test_classify_asks_every_engine_for_a_quick_start_unless_told_compiled(bundle, monkeypatch):
     # The options must reach the backend's load through Runtime and open_engine (the CUDA engine is the one
     # that acts on them, and no GPU is here): the reference backend's own load, watched.
-    from trtmc.backends import LoadOptions, get_backend
+    from trtmc.backends import LoadOptions
 
-    backend = get_backend("reference")
-    asked = []
-
-    def load(files, entry, graph, options=LoadOptions()):
-        asked.append(options)
-        return real_load(files, entry, graph, options)
-
-    real_load = backend.load
-    monkeypatch.setattr(backend, "load", load)
+    asked = watch_load_options(monkeypatch, "reference")
     run_cli("classify", bundle, "examples/images/chelsea.png", "-q")
     run_cli("classify", bundle, "examples/images/chelsea.png", "--compiled", "-q")
     assert asked == [LoadOptions(quick_start=True), LoadOptions(quick_start=False)]

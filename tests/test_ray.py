@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import ray
 
-from support import IMAGES
+from support import IMAGES, watch_load_options
 from trtmc.runtime import Runtime
 from trtmc.tasks import image_to_class_scores
 
@@ -69,18 +69,10 @@ def test_a_batch_without_an_image_or_path_column_is_refused(lite0_bundle):
 
 def test_actors_load_their_engine_for_a_quick_start_unless_told_not_to(lite0_bundle, monkeypatch):
     # Each actor loads its own engine: a CUDA inductor engine compiling in every one costs each its start-up.
-    from trtmc.backends import LoadOptions, get_backend
+    from trtmc.backends import LoadOptions
     from trtmc.ray import ClassifyBatch
 
-    backend = get_backend("inductor")
-    asked = []
-
-    def load(files, entry, graph, options=LoadOptions()):
-        asked.append(options)
-        return real_load(files, entry, graph, options)
-
-    real_load = backend.load
-    monkeypatch.setattr(backend, "load", load)
+    asked = watch_load_options(monkeypatch, "inductor")
     ClassifyBatch(lite0_bundle)
     ClassifyBatch(lite0_bundle, quick_start=False)
     assert asked == [LoadOptions(quick_start=True), LoadOptions(quick_start=False)]

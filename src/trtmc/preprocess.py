@@ -5,8 +5,8 @@ input size, then (x - mean) / std. `squash` resizes both sides to floor(size / c
 of keeping the aspect ratio. Image files go through PIL exactly as timm's transform does (torchvision's
 resize and center crop on a PIL image, reproduced here operation for operation); float arrays go
 through torch's antialiased resize, as torchvision resizes a float tensor, which matches PIL to
-within interpolation rounding; the task resizes them on the engine's device. torchvision itself is not imported: it costs seconds of start-up
-and the runtime needs none of it.
+within interpolation rounding; the task resizes them on the engine's device. torchvision itself is
+not imported: it costs seconds of start-up and the runtime needs none of it.
 """
 
 from __future__ import annotations
@@ -112,9 +112,8 @@ class PreprocessSpec:
     def from_array(self, hwc: np.ndarray, device: str | torch.device = "cpu") -> torch.Tensor:
         """A float32 HWC RGB array in [0, 1] -> normalized float32 CHW on `device`, resized there.
 
-        On a GPU the resize is one kernel instead of a loop split over the host's intra-op threads,
-        whose time swings with whatever else the cores run (measured in `trtmc bench`'s task rows on
-        the H200); the antialiased GPU resize agrees with the CPU's to float rounding."""
+        On a GPU the resize runs as kernels there instead of as host work split over torch's intra-op
+        threads; the antialiased GPU resize agrees with the CPU's to float rounding."""
         height, width = self.resized_size(hwc.shape[0], hwc.shape[1])
         chw = torch.from_numpy(np.ascontiguousarray(hwc)).to(device).permute(2, 0, 1)
         if (height, width) != tuple(hwc.shape[:2]):

@@ -125,7 +125,7 @@ def _check_array(array: np.ndarray, name: str) -> np.ndarray:
     if array.shape[0] == 0 or array.shape[1] == 0:
         raise InvalidInput(f"{name}: the image is empty (shape {array.shape})")
     # min and max carry any NaN or Inf: two passes over the pixels and no temporary array (an
-    # isfinite mask of a photo is a fresh allocation, whose page faults made the task's time swing).
+    # isfinite mask would be a fresh allocation the size of the photo, on every call).
     low, high = float(array.min()), float(array.max())
     if not (np.isfinite(low) and np.isfinite(high)):
         raise InvalidInput(f"{name}: contains NaN or Inf")

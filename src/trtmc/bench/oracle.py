@@ -69,9 +69,9 @@ def photo_files(folder: Path | None = None) -> tuple[Path, ...]:
 
 @dataclass(frozen=True)
 class Reference:
-    """timm fp32 eager's logits on the oracle's photos, and how far timm's own model at the entry's
-    precision strays from them on each photo (the largest |difference| over the classes; zero until
-    measured: `with_noise`)."""
+    """timm fp32 eager's logits on the oracle's photos, and how far timm's own answers computed the
+    ways a row computes them stray from those on each photo (the largest |difference| over the
+    classes, summed over the ways; None until `with_noise` measures one)."""
 
     photos: tuple[str, ...]  # file names, in the order of the logits' rows
     logits: "torch.Tensor"  # [photos, classes], float64
