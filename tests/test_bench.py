@@ -489,6 +489,18 @@ def test_resume_times_again_an_entry_whose_settings_or_baselines_changed(tiny, f
     assert run_bench([entry], opts, clock_for=FAST).resumed == {}  # without --resume, every entry is timed
 
 
+def test_resume_times_again_an_entry_that_other_code_timed(tiny, few_photos, tmp_path, uncompiled, monkeypatch):
+    from trtmc.bench import runner
+
+    opts = options(tmp_path, baselines=("eager-fp32",))
+    entry = tiny_entry(tiny, few_photos)
+    earlier = run_bench([entry], opts, clock_for=FAST)
+    assert earlier.environment["trtmc_source"] == runner.source_digest()
+    assert f"(source {runner.source_digest()})" in report.to_markdown(earlier)  # the report names the code
+    monkeypatch.setattr(runner, "source_digest", lambda: "0123456789abcdef")  # as if trtmc's files had changed
+    assert run_bench([entry], replace(opts, resume=True), clock_for=FAST).resumed == {}
+
+
 def test_cli_benches_one_model_on_the_cpu(tiny, few_photos, tmp_path, uncompiled):
     code, out, err = run_cli(
         "bench", "--device", "cpu", "--model", tiny, "--precision", "fp32", "--batch", "1", "--batch", "2", "--photos", few_photos,

@@ -311,6 +311,7 @@ def to_markdown(result: BenchResult) -> str:
         "# trtmc bench",
         "",
         f"{env.get('device_name', env['device'])} · torch {env['torch']} · trtmc {env['trtmc']}"
+        + (f" (source {env['trtmc_source']})" if "trtmc_source" in env else "")
         + (f" · timm {env['timm']}" if "timm" in env else "")
         + f" · {result.started} · {result.seconds / 60:.1f} min",
         "",

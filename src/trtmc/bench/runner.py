@@ -495,10 +495,23 @@ def prepare_entries(
     return failures
 
 
+def source_digest() -> str:
+    """A digest of trtmc's own source files (each one's path and bytes, in path order): which code
+    produced a result, whatever a machine's git says. The same call on a checkout gives the same digest."""
+    import hashlib
+
+    package = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
 def environment(device: str) -> dict[str, Any]:
-    """What the numbers were measured on."""
+    """What the numbers were measured on, and by which code (so `--resume` never mixes two codes)."""
     env: dict[str, Any] = {
         "trtmc": __version__,
+        "trtmc_source": source_digest(),
         "torch": torch.__version__,
         "python": platform.python_version(),
         "platform": platform.platform(),
