@@ -59,7 +59,8 @@ class MemoryWatch:
     The process's own peak is VmHWM, the high-water mark of its own address space. `ru_maxrss` would
     not do: Linux carries it over from the process this one was spawned from (measured: a child of a
     500 MB process reported 511 MB with a VmHWM of 9 MB), and a forked worker's from its parent. The
-    children are sampled every MEMORY_SAMPLE_SECONDS: each one's VmHWM, and the sum of VmRSS over the process
+    children are sampled every MEMORY_SAMPLE_SECONDS and once when a pass's last batch arrives (before the
+    DataLoader joins its workers): each one's VmHWM, and the sum of VmRSS over the process
     and its children (pages a forked worker shares with its parent count in both: an upper bound).
     Where there is no /proc, the own peak is ru_maxrss and the children are not seen.
     """
@@ -78,7 +79,7 @@ class MemoryWatch:
             return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
         return peak
 
-    def _sample(self) -> None:
+    def sample(self) -> None:
         if not os.path.isdir("/proc"):
             return
         tree = _status_bytes(self.pid, "VmRSS") or 0
@@ -89,12 +90,12 @@ class MemoryWatch:
 
     def _watch(self) -> None:
         while not self._stop.wait(MEMORY_SAMPLE_SECONDS):
-            self._sample()
+            self.sample()
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
-        self._sample()
+        self.sample()
 
 
 class _Kept:
@@ -224,6 +225,10 @@ def run_loader(work: LoaderPass) -> Measurement:
             scores, classes = model(x).float().topk(k, dim=-1)
             for i, c, s in zip(index.tolist(), classes.cpu().numpy(), scores.cpu().numpy()):
                 kept.add(paths[i].name, c, s)
+            if len(kept.files) == len(paths):
+                # The workers are joined as the loader's iterator ends; a pass shorter than the sampling
+                # period would never see them. Their VmHWM now is their peak: read it once, here.
+                memory.sample()
         seconds = time.perf_counter() - started
     return kept.measurement(memory, seconds, load_seconds, before, workers=work.workers, batch=work.batch, device=device)
 
