@@ -32,9 +32,11 @@ def test_mixconv_groups_and_kernel_sizes_come_from_the_tensors(timm_checkpoint):
     assert all(p.attrs.stride == (2, 2) and p.attrs.groups == 48 for p in parts)
     joined = graph.node("blocks.2.0.conv_dw")
     assert joined.kind is OpKind.CONCAT and joined.type.shape == (1, 144, 28, 28)
-    # Two halves through 1x1 kernels are one conv with two groups.
-    split_pw = graph.node("blocks.1.0.conv_pw")
-    assert split_pw.kind is OpKind.CONV2D and split_pw.attrs.groups == 2 and split_pw.type.shape[1] == 96
+    # Two halves through 1x1 kernels stay two dense convs and a concat, as timm runs them (not groups=2).
+    halves = [graph.node(f"blocks.1.0.conv_pw.{i}") for i in range(2)]
+    assert all(h.kind is OpKind.CONV2D and h.attrs.groups == 1 and h.type.shape[1] == 48 for h in halves)
+    assert graph.node("blocks.1.0.conv_pw").kind is OpKind.CONCAT
+    assert not [n for n in graph.nodes if n.kind is OpKind.CONV2D and 1 < n.attrs.groups < n.type.shape[1]]
 
 
 def test_tf_variant_pads_every_kernel_same_for_its_size(timm_checkpoint):

@@ -11,14 +11,12 @@ import re
 from dataclasses import dataclass, replace
 from enum import Enum
 
-import numpy as np
-
 from ..checkpoint import Checkpoint, CheckpointError
 from ..graph import Activation
 from ..graph_builder import GraphBuilder, Tensor
 from . import Family, UnsupportedModel
 from ._layout import LayoutReader, indexed_blocks
-from ._parts import act, batch_norm, conv, conv_norm_act, conv_padding, image_input, linear, squeeze_excite
+from ._parts import act, batch_norm, conv, conv_norm_act, image_input, linear, squeeze_excite
 
 # timm builds every `tf_` port with BN_EPS_TF_DEFAULT (1e-3) and TF "SAME" padding; its own
 # re-trained models keep PyTorch's BatchNorm2d default eps.
@@ -316,14 +314,12 @@ def emit_stem(g: GraphBuilder, ckpt: Checkpoint, arch: ArchConfig) -> Tensor:
 
 
 def _emit_mixed_conv(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, step: ConvStep, arch: ArchConfig) -> Tensor:
-    """timm's MixedConv2d: each channel group through its own conv, padded for its kernel size."""
-    weights = [ckpt.tensor(f"{step.conv}.{i}.weight") for i in range(len(step.splits))]
-    if len(set(step.splits)) == 1 and len({w.shape for w in weights}) == 1:
-        # Equal groups through equal kernels (MixNet's split 1x1 convs) are one grouped conv, exactly:
-        # its group i reads input group i and writes output group i, as part i does.
-        weight = np.concatenate(weights)
-        padding = conv_padding(x, weight.shape[2:], step.stride, tf_same=arch.tf_same)
-        return g.conv2d(x, step.conv, weight, stride=step.stride, padding=padding, groups=x.channels // weight.shape[1])
+    """timm's MixedConv2d: each channel group through its own conv, padded for its kernel size.
+
+    MixNet's split 1x1 convs (equal halves through equal kernels) could be one conv with groups=2, exactly;
+    they stay dense convs over channel slices, as timm runs them. The grouped form was measured at 0.69x the
+    expert at batch 1 on the H200 (NOTES, run 7): cuDNN's channels-last grouped 1x1 kernels are the suspect.
+    """
     parts, start = [], 0
     for i, width in enumerate(step.splits):
         part = g.slice(x, 1, start, start + width, f"{step.conv}.split")
