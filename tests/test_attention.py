@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from support import relative_error
-from trtmc.backends.torch_lowering import GraphModule
+from trtmc.backends.torch_lowering import GraphModule, to_fx
 from trtmc.checkpoint import Checkpoint
 from trtmc.graph import DType, Graph, GraphError, OpKind
 from trtmc.graph_builder import GraphBuilder
@@ -97,6 +97,23 @@ def test_attention_adds_its_bias_to_the_scaled_scores_before_the_softmax(bias_he
     assert relative_error(run(graph, "fp16", x), expected) < FP16_BOUND
     if bias is not None:  # the test bites: the bias moves the result far past those bounds
         assert relative_error(run(graph, "fp32", x), reference(x, None, scale=0.3)) > 0.1
+
+
+def test_a_bias_of_unaligned_width_is_traced_as_an_aligned_view_of_a_padded_parameter():
+    # 50 tokens: rows of 50 would start off the 8-element alignment attention kernels read in place.
+    bias = np.random.default_rng(3).standard_normal((1, HEADS, TOKENS, TOKENS)).astype(np.float32)
+    graph = assign_precision(qkv_graph(bias), PrecisionPolicy("fp32"))
+    module = to_fx(graph)
+    (stored,) = [t for t in module.parameters() if t.dim() == 4]
+    assert stored.shape == (1, HEADS, TOKENS, 56) and stored.is_contiguous()
+    assert torch.equal(stored[..., :TOKENS], torch.from_numpy(bias)) and not stored[..., TOKENS:].any()
+    # The view is an op of the traced graph, so moving the module moves the padded tensor and keeps it.
+    (attention,) = [n for n in module.graph.nodes if n.target is torch.nn.functional.scaled_dot_product_attention]
+    mask = attention.kwargs["attn_mask"]
+    assert mask.op == "call_function" and mask.args[0].op == "get_attr"
+    x = random_qkv()
+    with torch.no_grad():
+        assert relative_error(module(x), reference(x, bias)) < 1e-6
 
 
 def test_attention_takes_a_value_width_other_than_the_key_width():

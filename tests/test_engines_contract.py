@@ -22,9 +22,10 @@ import torch
 from conftest import run_cli
 from trtmc.backends import BACKENDS, DEVICES, Backend, Batching, Engine, EngineSpec, LoadOptions, get_backend
 from trtmc.backends.engine_io import EngineBase, WarnOnce, device_missing_reason, owned_logits
-from trtmc.backends.inductor import InductorCudaEngine, UncompiledCudaEngine, compiled_batch_sizes
+from trtmc.backends.inductor import InductorCudaEngine, UncompiledCudaEngine, compiled_batch_sizes, feed_dtype
 from trtmc.backends.reference import ReferenceEngine
 from trtmc.backends.tensorrt_engine import TensorRTEngine
+from trtmc.backends.torch_lowering import channels_last_weights, to_fx
 from trtmc.graph import Activation
 from trtmc.graph_builder import GraphBuilder
 from trtmc.passes.precision import PrecisionPolicy, assign_precision
@@ -40,7 +41,7 @@ CHW = (3, 16, 16)
 TOLERANCE = {"cpu": 1e-4, "cuda": 1e-3}
 
 
-def small_classifier():
+def small_classifier(precision: str = "fp32"):
     r = np.random.default_rng(0)
     b = GraphBuilder()
     x = b.input("x", (1, *CHW))
@@ -49,7 +50,7 @@ def small_classifier():
     y = b.conv2d(y, "blocks.0.conv_dw", r.standard_normal((8, 1, 3, 3)) * 0.3, padding=1, groups=8)
     y = b.flatten(b.global_avg_pool(y, "global_pool"), "flatten")
     b.output(b.linear(y, "classifier", r.standard_normal((CLASSES, 8)), r.standard_normal(CLASSES)))
-    return assign_precision(b.finish(), PrecisionPolicy("fp32"))
+    return assign_precision(b.finish(), PrecisionPolicy(precision))
 
 
 def engine_kinds():
@@ -253,6 +254,35 @@ def test_the_uncompiled_engine_reads_channels_last_pixels_as_contiguous_ones(gra
     engine = UncompiledCudaEngine(graph, "cpu", MAX_BATCH)
     x = pixels(2, seed=5, device="cpu")
     assert torch.equal(engine(x.contiguous(memory_format=torch.channels_last)), engine(x))
+
+
+def test_the_cuda_engines_round_the_pixels_to_the_graphs_precision_as_they_copy_them():
+    # An fp16 graph's only use of its float32 input is the cast to fp16: the engine's own copy of the
+    # pixels rounds them instead (the same rounding), and the cast inside the graph has nothing left to do.
+    fp16 = small_classifier("fp16")
+    assert feed_dtype(fp16) is torch.float16 and feed_dtype(small_classifier()) is torch.float32
+    module = channels_last_weights(to_fx(fp16).eval(), fp16)
+    x = pixels(2, seed=3, device="cpu")
+    with torch.no_grad():
+        casting_inside = module(x.contiguous(memory_format=torch.channels_last))
+    engine, fed = UncompiledCudaEngine(fp16, "cpu", MAX_BATCH), []
+    engine._module.register_forward_pre_hook(lambda _, args: fed.append((args[0].dtype, args[0].stride())))
+    assert torch.equal(engine(x), casting_inside)
+    assert fed == [(torch.float16, x.contiguous(memory_format=torch.channels_last).stride())]
+
+
+def test_only_convolution_weights_go_channels_last_for_the_cuda_engines():
+    g = GraphBuilder()
+    x = g.input("x", (1, *CHW))
+    y = g.conv2d(x, "stem.conv", np.ones((8, 3, 3, 3)), stride=2, padding=1)
+    tokens = g.reshape(y, (1, 8, 64), "tokens")  # [1, heads=1, tokens=8, dim=64]
+    g.output(g.attention(tokens, tokens, tokens, "attn", scale=0.125, bias=np.zeros((1, 1, 8, 8))))
+    graph = assign_precision(g.finish(), PrecisionPolicy("fp32"))
+    module = channels_last_weights(to_fx(graph), graph)
+    weights = {name: t for name, t in [*module.named_buffers(), *module.named_parameters()] if t.dim() == 4}
+    conv, bias = weights["w_stem_conv_weight"], weights["w_attn_bias"]
+    assert conv.is_contiguous(memory_format=torch.channels_last) and not conv.is_contiguous()
+    assert bias.is_contiguous()  # `Module.to(memory_format=)` would have made it channels-last too
 
 
 def test_the_uncompiled_engine_loads_and_answers_without_importing_dynamo_or_inductor():

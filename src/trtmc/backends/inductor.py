@@ -32,7 +32,7 @@ import torch
 from ..graph import Graph
 from . import Batching, BuiltEngine, Engine, EngineEntry, EngineSpec, LoadOptions, Progress
 from .engine_io import EngineBase, PixelSpec, device_missing_reason
-from .torch_lowering import to_fx
+from .torch_lowering import channels_last_weights, to_fx
 
 log = logging.getLogger(__name__)
 
@@ -66,18 +66,37 @@ def _export_batch_limit(max_batch: int) -> int:
 
 
 def _example(graph: Graph, batch: int, device: str) -> torch.Tensor:
+    """The CPU export's example, or (on CUDA) a batch as the engine feeds its compiled graph."""
     from .torch_lowering import TORCH_DTYPES
 
     node = graph.inputs[0]
     shape = (batch,) + tuple(node.type.shape[1:])
-    x = torch.randn(shape, device=device).to(TORCH_DTYPES[node.type.dtype])
-    return _cuda_layout(x) if device == "cuda" else x
+    x = torch.randn(shape, device=device)
+    return _cuda_feed(graph, x) if device == "cuda" else x.to(TORCH_DTYPES[node.type.dtype])
 
 
-def _cuda_layout(x: torch.Tensor) -> torch.Tensor:
-    """Channels-last end to end on CUDA: cuDNN then needs no layout conversions around convolutions
-    (measured on the H200, ghostnet_100 fp16 batch 128: 2.82 ms NCHW, 2.72 ms channels-last)."""
-    return x.to(memory_format=torch.channels_last) if x.dim() == 4 else x
+def feed_dtype(graph: Graph) -> torch.dtype:
+    """The dtype a CUDA engine hands its graph. Where the graph's one use of its input is the precision
+    pass's cast to the compute precision, the copy the engine makes of the pixels anyway (into its
+    channels-last buffer) rounds them instead, as that cast would (both round to nearest even), and the
+    cast runs on a tensor of its own dtype, which is no op: a kernel and a float32 copy of the batch
+    fewer per call, the same bits."""
+    from ..graph import OpKind
+    from .torch_lowering import TORCH_DTYPES
+
+    pixels = graph.inputs[0]
+    readers = [n for n in graph.nodes if pixels.name in n.inputs]
+    if len(readers) == 1 and readers[0].kind is OpKind.CAST and pixels.name not in graph.outputs:
+        return TORCH_DTYPES[readers[0].attrs.dtype]
+    return TORCH_DTYPES[pixels.type.dtype]
+
+
+def _cuda_feed(graph: Graph, pixels: torch.Tensor) -> torch.Tensor:
+    """Pixels as the CUDA engines feed the graph: `feed_dtype`, channels-last end to end, so cuDNN needs
+    no layout conversions around convolutions (measured on the H200, ghostnet_100 fp16 batch 128:
+    2.82 ms NCHW, 2.72 ms channels-last)."""
+    layout = torch.channels_last if pixels.dim() == 4 else torch.contiguous_format
+    return pixels.to(feed_dtype(graph), memory_format=layout)
 
 
 def cannot_build_reason(device: str) -> str | None:
@@ -160,7 +179,7 @@ def _forget_earlier_compiles() -> None:
 def _compile_cuda(graph: Graph):
     # fp8/int8 graphs: their quantized 1x1 convolutions and linear ops as FP8 / INT8 GEMMs (the
     # quantize ops feeding them fuse into their producers' kernels), not fp16 ops on dequantized values.
-    module = to_fx(graph, quantized_gemms=True).eval().cuda().to(memory_format=torch.channels_last)
+    module = channels_last_weights(to_fx(graph, quantized_gemms=True).eval().cuda(), graph)
     return torch.compile(module, dynamic=False)
 
 
@@ -234,11 +253,12 @@ class InductorCudaEngine(EngineBase):
     def __init__(self, graph: Graph, cache: bytes, batching: Batching) -> None:
         super().__init__(PixelSpec.of(graph, "cuda"), batching)
         torch.compiler.load_cache_artifacts(cache)
+        self._graph = graph
         self._compiled = _compile_cuda(graph)
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
 
     def _capture(self, batch: int):
-        static_in = _cuda_layout(self._pixels.zeros(batch))
+        static_in = _cuda_feed(self._graph, self._pixels.zeros(batch))
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.no_grad(), torch.cuda.stream(stream), _compiling_from_caches():
@@ -255,7 +275,7 @@ class InductorCudaEngine(EngineBase):
         if n not in self._graphs:
             self._graphs[n] = self._capture(n)
         cuda_graph, static_in, static_out = self._graphs[n]
-        static_in.copy_(pixels, non_blocking=True)
+        static_in.copy_(pixels, non_blocking=True)  # into the graph's dtype and layout (`feed_dtype`)
         cuda_graph.replay()
         return static_out  # the next replay overwrites it: EngineBase hands out a copy
 
@@ -269,12 +289,13 @@ class UncompiledCudaEngine(EngineBase):
     runtime makes it on "cuda".
     """
 
-    copies_input = True  # eager ops read any strides, and `_cuda_layout` makes a channels-last copy of the others
+    copies_input = True  # eager ops read any strides, and `_cuda_feed` makes a channels-last copy of the others
 
     def __init__(self, graph: Graph, device: str, max_batch: int) -> None:
         super().__init__(PixelSpec.of(graph, device), Batching.up_to(max_batch))
         # As `_compile_cuda` prepares it, minus the compile; nothing here imports Dynamo or Inductor.
-        self._module = to_fx(graph, quantized_gemms=True).eval().to(device).to(memory_format=torch.channels_last)
+        self._graph = graph
+        self._module = channels_last_weights(to_fx(graph, quantized_gemms=True).eval().to(device), graph)
 
     def _forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        return self._module(_cuda_layout(pixels))
+        return self._module(_cuda_feed(self._graph, pixels))

@@ -307,6 +307,17 @@ def _quantized_gemm(gemm: QuantizedGemm, node, args, w):
     return y.reshape((-1,) + node.type.shape[1:])
 
 
+# Attention kernels read a bias whose rows start at multiples of 8 elements in place; any other bias
+# (swin's windows of 49 tokens) torch and Inductor copy into such a layout before every call. A bias
+# is therefore stored with its last dim padded to the alignment and read as a view of its first
+# columns: the same values, rows already aligned.
+ATTENTION_BIAS_ALIGNMENT = 8
+
+
+def _padded_last_dim(tensor: torch.Tensor, multiple: int) -> torch.Tensor:
+    return F.pad(tensor, (0, -tensor.shape[-1] % multiple))
+
+
 def _buffer_name(key: str) -> str:
     return "w_" + "".join(c if c.isalnum() else "_" for c in key)
 
@@ -340,6 +351,7 @@ class GraphModule(torch.nn.Module):
             raise NotImplementedError(f"no torch lowering for {', '.join(missing)}")
         self.graph_ir = graph
         self._buffers_by_key: dict[str, str] = {}
+        self._widths: dict[str, int] = {}  # key -> the last-dim width of a buffer stored padded
         registered: set[str] = set()
         for node in graph.nodes:
             for key in node.weight_keys():
@@ -347,12 +359,21 @@ class GraphModule(torch.nn.Module):
                 if name not in registered:
                     registered.add(name)
                     tensor = torch.from_numpy(graph.weights[key]).to(TORCH_DTYPES[node.weight_dtype(key)])
-                    self.register_buffer(name, tensor)
+                    if node.kind is OpKind.ATTENTION and tensor.shape[-1] % ATTENTION_BIAS_ALIGNMENT:
+                        # A parameter, not a buffer: FX traces what is read from a parameter, so the
+                        # view stays an op of the graph over the padded tensor (a buffer's view would
+                        # be baked in as a constant of its own, which moving the module makes dense).
+                        self._widths[key] = tensor.shape[-1]
+                        padded = _padded_last_dim(tensor, ATTENTION_BIAS_ALIGNMENT)
+                        self.register_parameter(name, torch.nn.Parameter(padded, requires_grad=False))
+                    else:
+                        self.register_buffer(name, tensor)
                 self._buffers_by_key[key] = name
         self.input_name = graph.inputs[0].name
 
     def _weight(self, key: str) -> torch.Tensor:
-        return getattr(self, self._buffers_by_key[key])
+        tensor = getattr(self, self._buffers_by_key[key])
+        return tensor[..., : self._widths[key]] if key in self._widths else tensor
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         values: dict[str, torch.Tensor] = {}
@@ -372,3 +393,22 @@ class GraphModule(torch.nn.Module):
 def to_fx(graph: Graph, *, quantized_gemms: bool = False) -> torch.fx.GraphModule:
     """A flat FX graph of the whole network (the op-by-op loop unrolled by tracing)."""
     return torch.fx.symbolic_trace(GraphModule(graph, quantized_gemms=quantized_gemms))
+
+
+# The ops whose 4-D constants are convolution weights, or become them (a quantized weight's dequantize).
+_CONVOLUTION_SIDE = (OpKind.CONV2D, OpKind.QUANTIZE, OpKind.DEQUANTIZE)
+
+
+def channels_last_weights(module: torch.nn.Module, graph: Graph) -> torch.nn.Module:
+    """`module` (from `to_fx(graph)`) with its convolution weights channels-last, to meet channels-last
+    activations in cuDNN; every other constant keeps its row-major layout. `Module.to(memory_format=)`
+    would convert every 4-D buffer: swin's attention biases [1, windows x heads, 49, 49] then had a
+    last-dim stride of 192, and Inductor copies a bias that is not dense along its last dim before
+    every attention call."""
+    convolution_side = {k for n in graph.nodes if n.kind in _CONVOLUTION_SIDE for k in n.weight_keys()}
+    for key in sorted(convolution_side):
+        name = _buffer_name(key)
+        tensor = getattr(module, name, None)  # tracing keeps only the buffers the forward reads
+        if tensor is not None and tensor.dim() == 4:
+            setattr(module, name, tensor.contiguous(memory_format=torch.channels_last))
+    return module
