@@ -8,6 +8,8 @@
 #                default) for lite0 twice, ghostnet_100 and resnet50, then lite0 `--compiled` for comparison
 #   folders      `trtmc classify` over 2,002 and 20,000 photos (the 22 repo photos linked round-robin), then the
 #                2,002 with `--compiled`
+#   firstcall    tools/first_call_probe.py: the quick start's first uncompiled call profiled, in channels-last and
+#                in NCHW, for the three bundles of `bundles`
 #   probe        tools/pipeline_probe.py on the 2,002 photos: decoding alone and the whole pipeline, profiled
 #   folderbench  the folder scope of `trtmc bench` (2,002 and 20,000 files, trtmc against timm + DataLoader +
 #                torch.compile) and Ray Data over the 2,002 files (tools/folder_bench.py), with Ray from
@@ -104,6 +106,15 @@ folders() {
     measure "folder-lite0-2002-compiled" timeout 150 python3 -m trtmc -v classify "$WORK/lite0.bundle" \
         "$WORK/photos-2002" --top-k 1 --output "$WORK/scores-2002-compiled.csv" --compiled
     head -3 "$WORK/scores-2002.csv" >>"$LOG"
+}
+
+firstcall() {  # the quick start's first call, profiled, each layout in a fresh process (tools/first_call_probe.py)
+    for name in ghostnet_100 lite0 resnet50; do
+        for layout in channels-last nchw; do
+            timeout 60 python3 tools/first_call_probe.py "$WORK/$name.bundle" "$RESULTS/firstcall/$name-$layout.json" \
+                --layout "$layout" >>"$LOG" 2>&1
+        done
+    done
 }
 
 probe() {
