@@ -16,7 +16,6 @@ import json
 import sys
 import tempfile
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -32,6 +31,8 @@ from trtmc.passes.precision import PrecisionPolicy, assign_precision
 from trtmc.passes.quantize import quantize
 from trtmc.quantization import calibrate_images
 from trtmc.random_weights import save_random_checkpoint
+
+from probe_common import engine_replay, kernels
 
 
 def gemm_with(fast_accum: bool, bias_inside: bool):
@@ -58,45 +59,16 @@ def gemm_with(fast_accum: bool, bias_inside: bool):
 
 
 def compiled_replay(graph, batch: int, gemm=None):
-    """The graph compiled as the CUDA inductor engine compiles it, captured in a CUDA graph at `batch`."""
+    """The graph compiled as the CUDA inductor engine compiles it (with `gemm` as its FP8 GEMM lowering),
+    captured in a CUDA graph at `batch`."""
     original = lowering._quantized_gemm
     if gemm is not None:
         lowering._quantized_gemm = gemm
     try:
-        module = lowering.to_fx(graph, quantized_gemms=True).eval().cuda().to(memory_format=torch.channels_last)
+        module = lowering.to_fx(graph, quantized_gemms=True)
     finally:
         lowering._quantized_gemm = original
-    compiled = torch.compile(module, dynamic=False)
-    x = torch.randn((batch,) + tuple(graph.inputs[0].type.shape[1:]), device="cuda").half()
-    x = x.to(memory_format=torch.channels_last)
-    with torch.no_grad():
-        for _ in range(3):
-            compiled(x)
-        torch.cuda.synchronize()
-        cuda_graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(cuda_graph):
-            out = compiled(x)
-    torch.cuda.synchronize()
-    kept = (module, compiled, x, out)  # the graph reads their memory: they live as long as the replay
-
-    def replay(kept=kept):
-        cuda_graph.replay()
-
-    return replay
-
-
-def kernels(replay) -> list[dict]:
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        replay()
-        torch.cuda.synchronize()
-    by_name: dict[str, list[float]] = defaultdict(list)
-    for e in prof.events():
-        if e.device_type.name == "CUDA":
-            by_name[e.name[:90]].append(e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total)
-    rows = [{"kernel": k, "count": len(v), "us": round(sum(v), 1)} for k, v in by_name.items()]
-    return sorted(rows, key=lambda r: -r["us"])
+    return engine_replay(module, graph, batch)[0]
 
 
 def main(arch: str, batch: int, out: Path) -> None:

@@ -10,6 +10,8 @@
 #                2,002 with `--compiled`
 #   firstcall    tools/first_call_probe.py: the quick start's first uncompiled call profiled, in channels-last and
 #                in NCHW, for the three bundles of `bundles`
+#   dwprobe      tools/depthwise_probe.py: ghostnet_100 and efficientnet_b0, batch 1 and 128, the engine's graph
+#                against the same graph with its depthwise layers in trtmc's fused Triton kernel
 #   probe        tools/pipeline_probe.py on the 2,002 photos: decoding alone and the whole pipeline, profiled
 #   folderbench  the folder scope of `trtmc bench` (2,002 and 20,000 files, trtmc against timm + DataLoader +
 #                torch.compile) and Ray Data over the 2,002 files (tools/folder_bench.py), with Ray from
@@ -115,6 +117,12 @@ firstcall() {  # the quick start's first call, profiled, each layout in a fresh 
                 --layout "$layout" >>"$LOG" 2>&1
         done
     done
+}
+
+dwprobe() {  # the fused depthwise kernel against the engine as it runs (tools/depthwise_probe.py)
+    timeout "$(left)" python3 tools/depthwise_probe.py "$RESULTS/depthwise-probe.json" ghostnet_100 efficientnet_b0 \
+        >>"$LOG" 2>&1
+    echo "depthwise probe: $?" >>"$LOG"
 }
 
 probe() {

@@ -1,0 +1,53 @@
+"""What the GPU probes (fp8_probe.py, depthwise_probe.py) share: a graph's FX module compiled as the CUDA
+inductor engine compiles it and replayed in a CUDA graph, and the kernels of one replay."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import torch
+
+from trtmc.backends.inductor import feed_dtype
+from trtmc.backends.torch_lowering import channels_last_weights
+
+
+def engine_replay(module: torch.nn.Module, graph, batch: int):
+    """(replay, output, seconds to the first three calls): `module` (from `to_fx(graph, ...)`) as
+    `inductor._compile_cuda` prepares it (channels-last convolution weights, pixels in the graph's
+    precision), compiled, warmed up and captured in a CUDA graph at `batch`."""
+    module = channels_last_weights(module.eval().cuda(), graph)
+    compiled = torch.compile(module, dynamic=False)
+    pixels = torch.rand((batch, *graph.inputs[0].type.shape[1:]), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    x = pixels.to(feed_dtype(graph), memory_format=torch.channels_last)
+    started = time.perf_counter()
+    with torch.no_grad():
+        for _ in range(3):
+            compiled(x)
+        torch.cuda.synchronize()
+        seconds = time.perf_counter() - started
+        cuda_graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(cuda_graph):
+            out = compiled(x)
+    torch.cuda.synchronize()
+    kept = (module, compiled, x, out)  # the graph reads their memory: they live as long as the replay
+
+    def replay(kept=kept):
+        cuda_graph.replay()
+
+    return replay, out, seconds
+
+
+def kernels(replay) -> list[dict]:
+    """The CUDA kernels of one replay, summed by name (90 characters of it), the longest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        replay()
+        torch.cuda.synchronize()
+    by_name: dict[str, list[float]] = defaultdict(list)
+    for e in prof.events():
+        if e.device_type.name == "CUDA":
+            by_name[e.name[:90]].append(e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total)
+    rows = [{"kernel": k, "count": len(v), "us": round(sum(v), 1)} for k, v in by_name.items()]
+    return sorted(rows, key=lambda r: -r["us"])
