@@ -45,22 +45,25 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             folder = save_random_checkpoint(arch, Path(tmp) / arch)
             graph = assign_precision(prepare_graph(open_checkpoint(folder), "fp16").graph, PrecisionPolicy("fp16"))
-        rows, outs, compiles = {}, {}, {}
+        rows, outs, compiles, model = {}, {}, {}, {}
         for batch in batches:
             for fused in (False, True):
                 key = f"b{batch} {'fused' if fused else 'engine'}"
-                module = to_fx(graph, quantized_gemms=True, fused_depthwise=fused)
-                rows[key], outs[key], compiles[key] = engine_replay(module, graph, batch)
-                print(f"{arch} {key}: compiled in {compiles[key]:.1f} s", flush=True)
+                try:
+                    module = to_fx(graph, quantized_gemms=True, fused_depthwise=fused)
+                    rows[key], outs[key], compiles[key] = engine_replay(module, graph, batch)
+                    print(f"{arch} {key}: compiled in {compiles[key]:.1f} s", flush=True)
+                except Exception as exc:  # a variant that does not compile is a result too
+                    model[key] = {"error": f"{type(exc).__name__}: {str(exc)[:2000]}"}
+                    print(f"{arch} {key}: {model[key]['error']}", flush=True)
         outcome = time_interleaved({k: TimedCall(r, CudaEventClock()) for k, r in rows.items()}, TimingProtocol())
-        model = {}
         for key, replay in rows.items():
             timing = outcome.timings.get(key)
             table = kernels(replay)
             model[key] = {"median_ms": timing.median_ms if timing else None, "spread": timing.spread if timing else None,
                           "kernels": sum(r["count"] for r in table), "kernel_us": round(sum(r["us"] for r in table), 1),
                           "compile_s": round(compiles[key], 1), "top_kernels": table[:12], "error": outcome.errors.get(key)}
-        for batch in batches:
+        for batch in [b for b in batches if f"b{b} engine" in outs and f"b{b} fused" in outs]:
             engine, fused = outs[f"b{batch} engine"].float(), outs[f"b{batch} fused"].float()
             model[f"b{batch} fused vs engine"] = {
                 "relative_difference": float((fused - engine).abs().max() / engine.abs().max()),
