@@ -109,13 +109,16 @@ class PreprocessSpec:
         """A PIL image (any mode) -> normalized float32 CHW, exactly as timm's eval transform."""
         return self.normalize_bytes(torch.from_numpy(self.crop_pil(image))[None])[0].contiguous()
 
-    def from_array(self, hwc: np.ndarray, device: str | torch.device = "cpu") -> torch.Tensor:
-        """A float32 HWC RGB array in [0, 1] -> normalized float32 CHW on `device`, resized there.
+    def from_array(self, hwc: np.ndarray | torch.Tensor, device: str | torch.device | None = None) -> torch.Tensor:
+        """A float32 HWC RGB array in [0, 1] (numpy, or a tensor already where it should be processed)
+        -> normalized float32 CHW on `device` (default: the tensor's, or the CPU), resized there.
 
         On a GPU the resize runs as kernels there instead of as host work split over torch's intra-op
         threads; the antialiased GPU resize agrees with the CPU's to float rounding."""
         height, width = self.resized_size(hwc.shape[0], hwc.shape[1])
-        chw = torch.from_numpy(np.ascontiguousarray(hwc)).to(device).permute(2, 0, 1)
+        if isinstance(hwc, np.ndarray):
+            hwc = torch.from_numpy(np.ascontiguousarray(hwc))
+        chw = hwc.to(device if device is not None else hwc.device).permute(2, 0, 1)
         if (height, width) != tuple(hwc.shape[:2]):
             smooth = self.interpolation != "nearest"
             chw = F.interpolate(

@@ -115,7 +115,8 @@ def decode_image(path: str | Path) -> np.ndarray:
     return np.asarray(load_image(Path(path)), dtype=np.float32) / np.float32(255.0)
 
 
-def _check_array(array: np.ndarray, name: str) -> np.ndarray:
+def _check_array_layout(array: np.ndarray, name: str) -> np.ndarray:
+    """dtype and shape, on the host; the values are checked on the device (`_check_values`)."""
     if array.dtype != np.float32:
         raise InvalidInput(f"{name}: arrays must be float32 RGB in [0, 1], got dtype {array.dtype}")
     if array.ndim != 3:
@@ -124,14 +125,21 @@ def _check_array(array: np.ndarray, name: str) -> np.ndarray:
         raise InvalidInput(f"{name}: an image array needs 3 channels (RGB, HWC), got shape {array.shape}")
     if array.shape[0] == 0 or array.shape[1] == 0:
         raise InvalidInput(f"{name}: the image is empty (shape {array.shape})")
-    # min and max carry any NaN or Inf: two passes over the pixels and no temporary array (an
-    # isfinite mask would be a fresh allocation the size of the photo, on every call).
-    low, high = float(array.min()), float(array.max())
-    if not (np.isfinite(low) and np.isfinite(high)):
-        raise InvalidInput(f"{name}: contains NaN or Inf")
-    if low < 0.0 or high > 1.0:
-        raise InvalidInput(f"{name}: values must lie in [0, 1], found [{low:g}, {high:g}]; divide 8-bit pixels by 255")
     return array
+
+
+def _check_values(arrays: list[tuple[str, torch.Tensor]]) -> None:
+    """Every array's values, where the copy for the engine put them: one min and max pass each on that
+    device (the host only copies the pixels, which it must) and one read of all the results. The min and
+    max carry any NaN or Inf."""
+    if not arrays:
+        return
+    extremes = torch.stack([torch.stack(torch.aminmax(pixels)) for _, pixels in arrays]).tolist()
+    for (name, _), (low, high) in zip(arrays, extremes):
+        if not (np.isfinite(low) and np.isfinite(high)):
+            raise InvalidInput(f"{name}: contains NaN or Inf")
+        if low < 0.0 or high > 1.0:
+            raise InvalidInput(f"{name}: values must lie in [0, 1], found [{low:g}, {high:g}]; divide 8-bit pixels by 255")
 
 
 def _as_items(images: Any) -> list[Any]:
@@ -159,15 +167,19 @@ def preprocess_images(runtime: Runtime, images: Any) -> torch.Tensor:
     for position, item in enumerate(items):
         name = _describe(item, position)
         if isinstance(item, (str, Path)):
-            prepared.append(("file", load_image(Path(item))))
+            prepared.append((name, load_image(Path(item))))
         elif isinstance(item, np.ndarray):
-            prepared.append(("array", _check_array(item, name)))
+            prepared.append((name, _check_array_layout(item, name)))
         else:
             raise InvalidInput(f"input #{position}: expected a file path or a float32 HWC array, got {type(item).__name__}")
     spec, device = runtime.preprocess, runtime.device
-    # Files crop in PIL on the host (timm's exact transform); arrays resize on the engine's device.
+    # Arrays go to the engine's device as they are, are checked there, and resize there; files crop in PIL
+    # on the host (timm's exact transform).
+    arrays = [(name, torch.from_numpy(np.ascontiguousarray(v)).to(device)) for name, v in prepared if isinstance(v, np.ndarray)]
+    _check_values(arrays)
+    on_device = iter(pixels for _, pixels in arrays)
     return torch.stack(
-        [spec.from_pil(v).to(device) if kind == "file" else spec.from_array(v, device) for kind, v in prepared]
+        [spec.from_array(next(on_device)) if isinstance(v, np.ndarray) else spec.from_pil(v).to(device) for _, v in prepared]
     )
 
 
