@@ -16,6 +16,7 @@
 #   folderbench  the folder scope of `trtmc bench` (2,002 and 20,000 files, trtmc against timm + DataLoader +
 #                torch.compile) and Ray Data over the 2,002 files (tools/folder_bench.py), with Ray from
 #                .whl/ray-site.tar.xz where it was carried
+#   tvdecode     the folder bench again with trtmc's side on `--decoder torchvision` (JPEGs decoded on the GPU)
 #   ray          Ray Data alone over 2,002 files (1 actor, then 4 sharing the GPU), timm's top-1 from run 5's folder bench
 #   aoti         the AOTInductor package (exported here unless `bundles` did) loaded in a fresh process with the system libstdc++ preloaded
 #                (tools/aoti_cuda_probe.py load): load time and its profile, first call, parity, CUDA-graph capture
@@ -128,6 +129,13 @@ dwprobe() {  # the fused depthwise kernel against the engine as it runs (tools/d
 probe() {
     timeout 200 python3 tools/pipeline_probe.py "$WORK/lite0.bundle" "$WORK/photos-2002" "$RESULTS/probe" >>"$LOG" 2>&1
     echo "pipeline probe: $?" >>"$LOG"
+}
+
+tvdecode() {  # the folder bench with trtmc's side decoding on the GPU (--decoder torchvision), 2,002 and 20,000 files
+    PYTHONPATH=$PYTHONPATH timeout "$(left)" python3 tools/folder_bench.py --out "$RESULTS/folder-torchvision" \
+        --workdir "$WORK/folderbench" --images 2002 --images 20000 --decoder torchvision --skip-ray --reuse-bundle >>"$LOG" 2>&1
+    echo "folder bench, torchvision decoder: $?" >>"$LOG"
+    cat "$RESULTS/folder-torchvision/summary.txt" >>"$LOG" 2>/dev/null
 }
 
 folderbench() {
