@@ -61,6 +61,18 @@ def lite0_bundle(tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="session")
+def lite0_reference_bundle(tmp_path_factory):
+    """The real lite0 checkpoint as a reference-engine bundle serving batches of up to 4 (nothing to
+    compile): what the pipeline and `trtmc classify` tests run."""
+    from trtmc.build import BuildRequest, build_bundle
+
+    path = tmp_path_factory.mktemp("bundles") / "lite0-reference.bundle"
+    build_bundle(BuildRequest(model=str(LITE0_IN_REPO), output=path, backends=("reference",), max_batch=4),
+                 progress=lambda message: None)
+    return path
+
+
 # ---- three lanes ------------------------------------------------------------------------------------
 # `pytest -m "not slow"` runs every module in a few minutes. The README's test command (what CI runs) adds
 # what is marked slow here: compiled engines (an AOTInductor CPU build takes a minute), the fp32 parity of

@@ -12,7 +12,6 @@ import pytest
 
 from conftest import LITE0_IN_REPO, run_cli
 from support import IMAGES, watch_load_options
-from trtmc.build import BuildRequest, build_bundle
 from trtmc.runtime import Runtime
 from trtmc.tasks import image_to_class_scores
 
@@ -20,12 +19,8 @@ PHOTOS = sorted(p for p in IMAGES.iterdir() if p.suffix in (".jpg", ".png"))
 
 
 @pytest.fixture(scope="module")
-def bundle(tmp_path_factory):
-    """The real lite0 checkpoint with the reference engine (nothing to compile), batches of up to 4."""
-    path = tmp_path_factory.mktemp("classify") / "lite0.bundle"
-    build_bundle(BuildRequest(model=str(LITE0_IN_REPO), output=path, backends=("reference",), max_batch=4),
-                 progress=lambda message: None)
-    return path
+def bundle(lite0_reference_bundle):
+    return lite0_reference_bundle
 
 
 @pytest.fixture()

@@ -8,9 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import LITE0_IN_REPO
 from support import IMAGES
-from trtmc.build import BuildRequest, build_bundle
 from trtmc.pipeline import PipelineOptions, classify_files, crop_file
 from trtmc.runtime import Runtime
 
@@ -21,12 +19,8 @@ TORCHVISION = PipelineOptions(batch_size=4, workers=2, decoder="torchvision")
 
 
 @pytest.fixture(scope="module")
-def runtime(tmp_path_factory):
-    """The real lite0 checkpoint as a reference-engine bundle serving batches of up to 4 (nothing to compile)."""
-    path = tmp_path_factory.mktemp("device-decode") / "lite0-reference.bundle"
-    build_bundle(BuildRequest(model=str(LITE0_IN_REPO), output=path, backends=("reference",), max_batch=4),
-                 progress=lambda message: None)
-    return Runtime.open(path)
+def runtime(lite0_reference_bundle):
+    return Runtime.open(lite0_reference_bundle)
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,7 @@ import shutil
 import numpy as np
 import pytest
 
-from conftest import LITE0_IN_REPO
 from support import IMAGES
-from trtmc.build import BuildRequest, build_bundle
 from trtmc.pipeline import NoImages, PipelineOptions, classify_files, expand_images
 from trtmc.runtime import Runtime
 from trtmc.tasks import image_to_class_scores
@@ -21,12 +19,8 @@ PHOTOS = sorted(p for p in IMAGES.iterdir() if p.suffix in (".jpg", ".png"))
 
 
 @pytest.fixture(scope="module")
-def runtime(tmp_path_factory):
-    """The real lite0 checkpoint as a reference-engine bundle serving batches of up to 4 (nothing to compile)."""
-    path = tmp_path_factory.mktemp("pipeline") / "lite0-reference.bundle"
-    build_bundle(BuildRequest(model=str(LITE0_IN_REPO), output=path, backends=("reference",), max_batch=4),
-                 progress=lambda message: None)
-    return Runtime.open(path)
+def runtime(lite0_reference_bundle):
+    return Runtime.open(lite0_reference_bundle)
 
 
 def test_every_file_gets_the_logits_the_task_gives_it_alone_in_input_order(runtime, tmp_path):
