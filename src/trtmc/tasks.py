@@ -116,7 +116,7 @@ def decode_image(path: str | Path) -> np.ndarray:
 
 
 def _check_array_layout(array: np.ndarray, name: str) -> np.ndarray:
-    """dtype and shape, on the host; the values are checked on the device (`_check_values`)."""
+    """dtype and shape, on the host; the values are checked on the engine's device (`_check_values`)."""
     if array.dtype != np.float32:
         raise InvalidInput(f"{name}: arrays must be float32 RGB in [0, 1], got dtype {array.dtype}")
     if array.ndim != 3:
@@ -128,14 +128,13 @@ def _check_array_layout(array: np.ndarray, name: str) -> np.ndarray:
     return array
 
 
-def _check_values(arrays: list[tuple[str, torch.Tensor]]) -> None:
-    """Every array's values, where the copy for the engine put them: one min and max pass each on that
-    device (the host only copies the pixels, which it must) and one read of all the results. The min and
-    max carry any NaN or Inf."""
-    if not arrays:
+def _check_values(extremes: list[tuple[str, torch.Tensor]]) -> None:
+    """Each array's (min, max), computed where the copy for the engine put its pixels, read in one go. The
+    min and max carry any NaN or Inf."""
+    if not extremes:
         return
-    extremes = torch.stack([torch.stack(torch.aminmax(pixels)) for _, pixels in arrays]).tolist()
-    for (name, _), (low, high) in zip(arrays, extremes):
+    values = torch.stack([pair for _, pair in extremes]).tolist()
+    for (name, _), (low, high) in zip(extremes, values):
         if not (np.isfinite(low) and np.isfinite(high)):
             raise InvalidInput(f"{name}: contains NaN or Inf")
         if low < 0.0 or high > 1.0:
@@ -173,14 +172,19 @@ def preprocess_images(runtime: Runtime, images: Any) -> torch.Tensor:
         else:
             raise InvalidInput(f"input #{position}: expected a file path or a float32 HWC array, got {type(item).__name__}")
     spec, device = runtime.preprocess, runtime.device
-    # Arrays go to the engine's device as they are, are checked there, and resize there; files crop in PIL
-    # on the host (timm's exact transform).
-    arrays = [(name, torch.from_numpy(np.ascontiguousarray(v)).to(device)) for name, v in prepared if isinstance(v, np.ndarray)]
-    _check_values(arrays)
-    on_device = iter(pixels for _, pixels in arrays)
-    return torch.stack(
-        [spec.from_array(next(on_device)) if isinstance(v, np.ndarray) else spec.from_pil(v).to(device) for _, v in prepared]
-    )
+    # Files crop in PIL on the host (timm's exact transform). Arrays go to the engine's device as they are and
+    # resize there, one at a time (only the resized copies stay); their values are checked there too: the host
+    # only copies the pixels, and every array's min and max is read at once, before the engine runs.
+    pixels, extremes = [], []
+    for name, value in prepared:
+        if isinstance(value, np.ndarray):
+            hwc = torch.from_numpy(np.ascontiguousarray(value)).to(device)
+            extremes.append((name, torch.stack(torch.aminmax(hwc))))
+            pixels.append(spec.from_array(hwc))
+        else:
+            pixels.append(spec.from_pil(value).to(device))
+    _check_values(extremes)
+    return torch.stack(pixels)
 
 
 def image_to_class_scores(runtime: Runtime, images: Any, **options: Any) -> ClassScores:
