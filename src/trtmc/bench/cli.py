@@ -119,7 +119,6 @@ def add_bench(sub) -> None:
     what.add_argument("--folder-baseline", choices=FOLDER_BASELINES,
                       help="how the folder scope's DataLoader baseline runs timm: compile (default: torch.compile, "
                            "default mode) or eager (no compile: a quick check of the harness on a CPU)")
-
     what.add_argument("--folder-decoder", choices=FOLDER_DECODERS,
                       help="how the folder scope's trtmc side decodes the files: pil (default: timm's exact "
                            "transform) or torchvision (JPEGs on the engine's device; close to timm's pixels)")
