@@ -12,6 +12,7 @@ JPEGs, and JPEGs the decoder refuses, go through PIL as in the default path.
 
 from __future__ import annotations
 
+import os
 from typing import Callable
 
 import numpy as np
@@ -35,27 +36,29 @@ def require_torchvision() -> None:
         ) from exc
 
 
-def read_files(crop_with_pil: CropWithPil, paths: list[str]) -> list[bytes | np.ndarray | str]:
-    """In a reading thread: each JPEG's bytes; any other file cropped by PIL (or why it cannot be read)."""
-    out: list[bytes | np.ndarray | str] = []
+def read_files(crop_with_pil: CropWithPil, paths: list[str]) -> list[bytearray | np.ndarray | str]:
+    """In a reading thread: each JPEG's bytes (read into a writable buffer that the decoder takes as it
+    is); any other file cropped by PIL (or why it cannot be read)."""
+    out: list[bytearray | np.ndarray | str] = []
     for path in paths:
         try:
             with open(path, "rb") as f:
-                data = f.read()
+                data = bytearray(os.fstat(f.fileno()).st_size)
+                del data[f.readinto(data):]  # in place: a file that shrank meanwhile
         except OSError:
-            data = b""  # PIL names the problem
+            data = bytearray()  # PIL names the problem
         out.append(data if data.startswith(JPEG_MAGIC) else crop_with_pil(path))
     return out
 
 
 def decode_and_crop(
-    spec: PreprocessSpec, encoded: list[tuple[str, bytes]], device: str, crop_with_pil: CropWithPil
+    spec: PreprocessSpec, encoded: list[tuple[str, bytearray]], device: str, crop_with_pil: CropWithPil
 ) -> list[torch.Tensor | np.ndarray | str]:
     """Each (path, JPEG bytes) decoded on `device` and cropped there: 8-bit HWC on `device`; a file the
     decoder refuses goes through PIL instead (its host crop, or its error)."""
     from torchvision.io import ImageReadMode, decode_jpeg
 
-    datas = [torch.frombuffer(bytearray(data), dtype=torch.uint8) for _, data in encoded]
+    datas = [torch.frombuffer(data, dtype=torch.uint8) for _, data in encoded]
     try:
         images = decode_jpeg(datas, mode=ImageReadMode.RGB, device=device)
     except RuntimeError:  # one bad file fails the whole batch: decode them one by one

@@ -189,7 +189,8 @@ class _Batch:
     entries: list[tuple[str, int | None, str | None]]  # (image, row, error)
     rows: int = 0
     logits: torch.Tensor | None = None  # the engine's output, once launched
-    encoded: list[tuple[int, str, bytes]] = field(default_factory=list)  # (row, image, JPEG) to decode on the device
+    # (entry index, row, JPEG) of the rows the device decodes at launch (`decoder="torchvision"`)
+    encoded: list[tuple[int, int, bytearray]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         # Rows are copied through a numpy view of the (pinned) buffer: one memcpy each. torch's copy_
@@ -203,9 +204,9 @@ class _Batch:
         self.entries.append((image, self.rows, None))
         self.rows += 1
 
-    def add_encoded(self, image: str, jpeg: bytes) -> None:
+    def add_encoded(self, image: str, jpeg: bytearray) -> None:
         """A row the device fills at launch (`decoder="torchvision"`)."""
-        self.encoded.append((self.rows, image, jpeg))
+        self.encoded.append((len(self.entries), self.rows, jpeg))
         self.entries.append((image, self.rows, None))
         self.rows += 1
 
@@ -269,12 +270,12 @@ class _Runner:
         from .device_decode import decode_and_crop
 
         spec = self.runtime.preprocess
-        crops = decode_and_crop(spec, [(image, jpeg) for _, image, jpeg in batch.encoded], self.runtime.device,
-                                functools.partial(crop_file, spec))
-        for (row, image, _), crop in zip(batch.encoded, crops):
+        encoded = [(batch.entries[entry][0], jpeg) for entry, _, jpeg in batch.encoded]
+        crops = decode_and_crop(spec, encoded, self.runtime.device, functools.partial(crop_file, spec))
+        for (entry, row, _), crop in zip(batch.encoded, crops):
             if isinstance(crop, str):
                 nhwc[row].zero_()
-                batch.entries[batch.entries.index((image, row, None))] = (image, None, crop)
+                batch.entries[entry] = (batch.entries[entry][0], None, crop)
             else:
                 nhwc[row].copy_(torch.as_tensor(crop), non_blocking=True)
 
@@ -332,7 +333,7 @@ def classify_files(
                 if isinstance(cropped, str):
                     batch.entries.append((image, None, cropped))
                     continue
-                if isinstance(cropped, bytes):
+                if isinstance(cropped, bytearray):
                     batch.add_encoded(image, cropped)
                 else:
                     batch.add(image, cropped)

@@ -72,7 +72,7 @@ def _example(graph: Graph, batch: int, device: str) -> torch.Tensor:
     node = graph.inputs[0]
     shape = (batch,) + tuple(node.type.shape[1:])
     x = torch.randn(shape, device=device)
-    return _cuda_feed(graph, x) if device == "cuda" else x.to(TORCH_DTYPES[node.type.dtype])
+    return _cuda_feed(x, feed_dtype(graph)) if device == "cuda" else x.to(TORCH_DTYPES[node.type.dtype])
 
 
 def feed_dtype(graph: Graph) -> torch.dtype:
@@ -91,12 +91,12 @@ def feed_dtype(graph: Graph) -> torch.dtype:
     return TORCH_DTYPES[pixels.type.dtype]
 
 
-def _cuda_feed(graph: Graph, pixels: torch.Tensor) -> torch.Tensor:
-    """Pixels as the CUDA engines feed the graph: `feed_dtype`, channels-last end to end, so cuDNN needs
-    no layout conversions around convolutions (measured on the H200, ghostnet_100 fp16 batch 128:
+def _cuda_feed(pixels: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Pixels as the CUDA engines feed the graph: in its `feed_dtype`, channels-last end to end, so cuDNN
+    needs no layout conversions around convolutions (measured on the H200, ghostnet_100 fp16 batch 128:
     2.82 ms NCHW, 2.72 ms channels-last)."""
     layout = torch.channels_last if pixels.dim() == 4 else torch.contiguous_format
-    return pixels.to(feed_dtype(graph), memory_format=layout)
+    return pixels.to(dtype, memory_format=layout)
 
 
 def cannot_build_reason(device: str) -> str | None:
@@ -253,12 +253,12 @@ class InductorCudaEngine(EngineBase):
     def __init__(self, graph: Graph, cache: bytes, batching: Batching) -> None:
         super().__init__(PixelSpec.of(graph, "cuda"), batching)
         torch.compiler.load_cache_artifacts(cache)
-        self._graph = graph
+        self._feed = feed_dtype(graph)
         self._compiled = _compile_cuda(graph)
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
 
     def _capture(self, batch: int):
-        static_in = _cuda_feed(self._graph, self._pixels.zeros(batch))
+        static_in = _cuda_feed(self._pixels.zeros(batch), self._feed)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.no_grad(), torch.cuda.stream(stream), _compiling_from_caches():
@@ -294,8 +294,8 @@ class UncompiledCudaEngine(EngineBase):
     def __init__(self, graph: Graph, device: str, max_batch: int) -> None:
         super().__init__(PixelSpec.of(graph, device), Batching.up_to(max_batch))
         # As `_compile_cuda` prepares it, minus the compile; nothing here imports Dynamo or Inductor.
-        self._graph = graph
+        self._feed = feed_dtype(graph)  # once: the graph does not change between calls
         self._module = channels_last_weights(to_fx(graph, quantized_gemms=True).eval().to(device), graph)
 
     def _forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        return self._module(_cuda_feed(self._graph, pixels))
+        return self._module(_cuda_feed(pixels, self._feed))

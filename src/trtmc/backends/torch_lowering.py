@@ -351,12 +351,15 @@ class GraphModule(torch.nn.Module):
         super().__init__()
         self.half_convolutions_in_fp32 = half_convolutions_in_fp32
         self._gemms = find_quantized_gemms(graph) if quantized_gemms else {}
-        self._depthwise = {}
+        # op name -> the fused depthwise kernel's lowering; the activations it applies pass their input on.
+        self._depthwise: dict[str, Callable] = {}
+        self._absorbed: set[str] = set()
         if fused_depthwise:  # Triton's kernel: imported only where asked for
-            from .depthwise import find_fused_depthwise
+            from .depthwise import find_fused_depthwise, lower_fused
 
-            self._depthwise = find_fused_depthwise(graph)
-        self._absorbed = {f.activation for f in self._depthwise.values() if f.activation}
+            found = find_fused_depthwise(graph)
+            self._depthwise = {name: functools.partial(lower_fused, f) for name, f in found.items()}
+            self._absorbed = {f.activation for f in found.values() if f.activation}
         missing = [k.value for k in OpKind if k not in LOWERINGS]
         if missing:
             raise NotImplementedError(f"no torch lowering for {', '.join(missing)}")
@@ -397,9 +400,7 @@ class GraphModule(torch.nn.Module):
                 gemm = self._gemms[node.name]
                 args, lower = [values[gemm.activation], values[gemm.weight]], functools.partial(_quantized_gemm, gemm)
             elif node.name in self._depthwise:
-                from .depthwise import lower_fused
-
-                lower = functools.partial(lower_fused, self._depthwise[node.name])
+                lower = self._depthwise[node.name]
             elif node.name in self._absorbed:  # applied by the depthwise kernel before it
                 lower = _passed_on
             values[node.name] = lower(node, args, self._weight)
