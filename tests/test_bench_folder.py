@@ -135,7 +135,7 @@ def test_both_sides_classify_every_file_once_in_processes_of_their_own_and_are_c
     written = report.write_results(bench, tmp_path / "out")
     saved = json.loads(written["json"].read_text())
     entry_json = saved["entries"][0]
-    assert entry_json["folder"] == {"images": [30], "loader_workers": 2, "baseline": "eager", "decoder": "pil"}
+    assert entry_json["folder"] == {"images": [30], "loader_workers": 2, "baseline": "eager"}
     (run_json,) = entry_json["folder_runs"]
     assert run_json["ratio"] == pytest.approx(run.ratio, rel=1e-3)
     assert run_json["baseline"]["workers"] == 2 and run_json["trtmc"]["oracle"]["right"]
@@ -224,21 +224,12 @@ def bench_args(*args):
 
 def test_command_line_sets_up_the_folder_scope(tiny):
     (entry,) = runner_entries("--model", tiny, "--folder-images", 2002, "--folder-images", 20000,
-                              "--loader-workers", 3, "--folder-baseline", "eager", "--folder-decoder", "torchvision")
-    assert entry.folder == FolderSpec(images=(2002, 20000), loader_workers=3, baseline="eager", decoder="torchvision")
+                              "--loader-workers", 3, "--folder-baseline", "eager")
+    assert entry.folder == FolderSpec(images=(2002, 20000), loader_workers=3, baseline="eager")
     (plain,) = runner_entries("--model", tiny)
     assert plain.folder is None
-    with pytest.raises(SpecError, match="--loader-workers, --folder-baseline and --folder-decoder set up the folder scope: add --folder-images"):
+    with pytest.raises(SpecError, match="--loader-workers and --folder-baseline set up the folder scope: add --folder-images"):
         runner_entries("--model", tiny, "--loader-workers", 3)
-
-
-def test_the_folder_scopes_decoders_are_the_pipelines():
-    from trtmc.bench.spec import FOLDER_DECODERS
-    from trtmc.pipeline import DECODERS
-
-    assert FOLDER_DECODERS == DECODERS
-    with pytest.raises(SpecError, match="'decoder' must be one of pil, torchvision, got 'dali'"):
-        FolderSpec(images=(10,), decoder="dali").validate("entry x, folder")
 
 
 def runner_entries(*args):

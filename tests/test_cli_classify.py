@@ -123,19 +123,6 @@ def test_compiled_prints_the_same_top_class_as_the_quick_start_default(bundle):
     assert "--compiled compile the engine from the bundle's caches" in help_text
 
 
-def test_the_torchvision_decoder_prints_the_same_top_classes_for_a_folder_of_jpegs(bundle, folder):
-    pytest.importorskip("torchvision")
-    exact = run_cli("classify", bundle, folder, "--top-k", "1", "--json", "-q", check=False)
-    ours = run_cli("classify", bundle, folder, "--top-k", "1", "--json", "-q", "--decoder", "torchvision", check=False)
-    assert exact.returncode == ours.returncode == 1  # the broken file, in both
-    exact_rows, our_rows = ([json.loads(line) for line in r.stdout.splitlines()] for r in (exact, ours))
-    assert [r["image"] for r in our_rows] == [r["image"] for r in exact_rows]
-    assert [r.get("top", [{}])[0].get("index") for r in our_rows] == [r.get("top", [{}])[0].get("index") for r in exact_rows]
-    assert [r["image"].endswith("broken.jpg") for r in our_rows] == ["error" in r for r in our_rows]
-    help_text = " ".join(run_cli("classify", "--help").stdout.split())
-    assert "--decoder {pil,torchvision}" in help_text and "timm's exact transform" in help_text
-
-
 def test_classify_asks_every_engine_for_a_quick_start_unless_told_compiled(bundle, monkeypatch):
     # The options must reach the backend's load through Runtime and open_engine (the CUDA engine is the one
     # that acts on them, and no GPU is here): the reference backend's own load, watched.

@@ -38,7 +38,7 @@ def run_bench(args, out: Path) -> int:
     command = [sys.executable, "-m", "trtmc", "bench", "--model", str(LITE0), "--name", NAME,
                "--precision", args.precision, "--batch", str(args.batch), "--device", args.device,
                "--backend", args.backend, "--no-baselines", "--folder-baseline", args.folder_baseline,
-               "--folder-decoder", args.decoder, "--out", str(out / "bench"), "--workdir", str(args.workdir)]
+               "--out", str(out / "bench"), "--workdir", str(args.workdir)]
     for count in args.images:
         command += ["--folder-images", str(count)]
     if args.reuse_bundle:
@@ -152,8 +152,6 @@ def main() -> int:
     parser.add_argument("--backend", default="inductor", help="the engine trtmc builds (reference: nothing to compile)")
     parser.add_argument("--folder-baseline", default="compile", choices=["compile", "eager"],
                         help="how the DataLoader baseline runs timm (eager: no compile, for a smoke test)")
-    parser.add_argument("--decoder", default="pil", choices=["pil", "torchvision"],
-                        help="how trtmc's side decodes the files (torchvision: JPEGs on the engine's device)")
     parser.add_argument("--skip-bench", action="store_true", help="only the Ray step (reusing an earlier step 1)")
     parser.add_argument("--skip-ray", action="store_true")
     parser.add_argument("--reuse-bundle", action="store_true",

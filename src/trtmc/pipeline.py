@@ -19,15 +19,13 @@ same on a CPU and a GPU), so its logits are those `image_to_class_scores` gives 
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import glob
 import itertools
 import multiprocessing
 import os
 from collections import deque
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
@@ -40,7 +38,6 @@ from .tasks import InvalidInput, load_image
 
 # What `expand_images` picks up inside folders (other files there are not images to classify).
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
-DECODERS = ("pil", "torchvision")
 
 
 class NoImages(ValueError):
@@ -53,17 +50,8 @@ class PipelineOptions:
     workers: int | None = None  # decode processes; None: one per CPU this process may use
     prefetch_batches: int = 2  # batches decoded ahead of the engine: bounds memory
     threads: bool = False  # decode in threads of this process instead (for hosts that cannot fork)
-    # "pil": timm's exact transform in worker processes. "torchvision": JPEGs decoded and cropped on the
-    # engine's device (`trtmc.device_decode`; close to timm's pixels, not exact), other files by PIL.
-    decoder: str = "pil"
 
     def validate(self) -> None:
-        if self.decoder not in DECODERS:
-            raise ValueError(f"--decoder {self.decoder!r}: choose {' or '.join(DECODERS)}")
-        if self.decoder == "torchvision":
-            from .device_decode import require_torchvision
-
-            require_torchvision()
         if self.batch_size is not None and self.batch_size < 1:
             raise ValueError(f"--batch-size must be at least 1, got {self.batch_size}")
         if self.workers is not None and self.workers < 1:
@@ -138,17 +126,15 @@ def expand_images(specs: Sequence[str | Path]) -> list[Path]:
 # ---- the pipeline ---------------------------------------------------------------------------------
 
 
-def crop_file(spec: PreprocessSpec, path: str) -> np.ndarray | str:
-    """A file's cropped 8-bit pixels (HWC) by timm's transform, or why it cannot be read."""
-    try:
-        return spec.crop_pil(load_image(Path(path)))
-    except InvalidInput as exc:
-        return str(exc)
-
-
 def _crop_files(spec: PreprocessSpec, paths: list[str]) -> list[np.ndarray | str]:
     """In a worker: each file's cropped 8-bit pixels (HWC), or why it cannot be read."""
-    return [crop_file(spec, path) for path in paths]
+    out: list[np.ndarray | str] = []
+    for path in paths:
+        try:
+            out.append(spec.crop_pil(load_image(Path(path))))
+        except InvalidInput as exc:
+            out.append(str(exc))
+    return out
 
 
 def _usable_cpus() -> int:
@@ -189,8 +175,6 @@ class _Batch:
     entries: list[tuple[str, int | None, str | None]]  # (image, row, error)
     rows: int = 0
     logits: torch.Tensor | None = None  # the engine's output, once launched
-    # (entry index, row, JPEG) of the rows the device decodes at launch (`decoder="torchvision"`)
-    encoded: list[tuple[int, int, bytearray]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         # Rows are copied through a numpy view of the (pinned) buffer: one memcpy each. torch's copy_
@@ -201,12 +185,6 @@ class _Batch:
 
     def add(self, image: str, cropped: np.ndarray) -> None:
         self._rows_view[self.rows] = cropped
-        self.entries.append((image, self.rows, None))
-        self.rows += 1
-
-    def add_encoded(self, image: str, jpeg: bytearray) -> None:
-        """A row the device fills at launch (`decoder="torchvision"`)."""
-        self.encoded.append((len(self.entries), self.rows, jpeg))
         self.entries.append((image, self.rows, None))
         self.rows += 1
 
@@ -251,7 +229,6 @@ class _Runner:
         batch.pixels[batch.rows : rows].zero_()  # padding rows; their logits are dropped
         nhwc = batch.pixels[:rows]
         if not self.cuda:
-            self._decode(batch, nhwc)
             batch.logits = self.runtime.engine(self._pixels(nhwc))
             return
         with torch.cuda.stream(self.copy_stream):
@@ -259,25 +236,7 @@ class _Runner:
         compute = torch.cuda.current_stream()
         compute.wait_stream(self.copy_stream)
         device.record_stream(compute)
-        self._decode(batch, device)
         batch.logits = self.runtime.engine(self._pixels(device))
-
-    def _decode(self, batch: _Batch, nhwc: torch.Tensor) -> None:
-        """The batch's JPEG rows, decoded and cropped on the engine's device into `nhwc` (there); a file the
-        decoder refuses is cropped by PIL, or becomes an error whose row is left as padding."""
-        if not batch.encoded:
-            return
-        from .device_decode import decode_and_crop
-
-        spec = self.runtime.preprocess
-        encoded = [(batch.entries[entry][0], jpeg) for entry, _, jpeg in batch.encoded]
-        crops = decode_and_crop(spec, encoded, self.runtime.device, functools.partial(crop_file, spec))
-        for (entry, row, _), crop in zip(batch.encoded, crops):
-            if isinstance(crop, str):
-                nhwc[row].zero_()
-                batch.entries[entry] = (batch.entries[entry][0], None, crop)
-            else:
-                nhwc[row].copy_(torch.as_tensor(crop), non_blocking=True)
 
     @staticmethod
     def results(batch: _Batch) -> Iterator[FileResult]:
@@ -302,12 +261,6 @@ def classify_files(
     if isinstance(paths, Sequence):  # no more workers than groups: one photo starts no process pool
         workers = max(1, min(workers, -(-len(paths) // group)))
     window = size * (options.prefetch_batches + 1)  # files decoded ahead: what bounds memory
-    read = functools.partial(_crop_files, runtime.preprocess)
-    if options.decoder == "torchvision":  # threads read the bytes; the device decodes
-        from .device_decode import read_files
-
-        read = functools.partial(read_files, functools.partial(crop_file, runtime.preprocess))
-        options = dataclasses.replace(options, threads=True)
     with _decoder(options, workers) as pool:
         source = iter(paths)
         pending: deque[tuple[list[str], Future]] = deque()
@@ -319,7 +272,7 @@ def classify_files(
                 names = [str(p) for p in itertools.islice(source, group)]
                 if not names:
                     return
-                pending.append((names, pool.submit(read, names)))
+                pending.append((names, pool.submit(_crop_files, runtime.preprocess, names)))
                 queued += len(names)
 
         refill()
@@ -333,10 +286,7 @@ def classify_files(
                 if isinstance(cropped, str):
                     batch.entries.append((image, None, cropped))
                     continue
-                if isinstance(cropped, bytearray):
-                    batch.add_encoded(image, cropped)
-                else:
-                    batch.add(image, cropped)
+                batch.add(image, cropped)
                 if batch.rows == size:
                     runner.launch(batch)
                     if previous is not None:

@@ -105,20 +105,6 @@ class PreprocessSpec:
             image = image.resize((width, height), filters[self.interpolation])
         return np.array(self._crop(np.asarray(image), height, width))  # a writable, contiguous copy
 
-    def crop_tensor(self, chw: torch.Tensor) -> torch.Tensor:
-        """8-bit RGB CHW pixels on any device -> the resized, center-cropped 8-bit HWC pixels there: what
-        `crop_pil` does, with torch's antialiased resize (rounded back to 8 bits, as PIL's is) in place of
-        PIL's. Close to timm's transform, not bit-exact: the pipeline's `decoder="torchvision"` path."""
-        height, width = self.resized_size(chw.shape[1], chw.shape[2])
-        if (height, width) != tuple(chw.shape[1:]):
-            smooth = self.interpolation != "nearest"
-            resized = F.interpolate(
-                chw[None].float(), size=(height, width), mode=self.interpolation,
-                align_corners=False if smooth else None, antialias=smooth,
-            )[0]
-            chw = resized.round_().clamp_(0.0, 255.0).to(torch.uint8)
-        return self._crop(chw.permute(1, 2, 0), height, width)
-
     def from_pil(self, image) -> torch.Tensor:
         """A PIL image (any mode) -> normalized float32 CHW, exactly as timm's eval transform."""
         return self.normalize_bytes(torch.from_numpy(self.crop_pil(image))[None])[0].contiguous()

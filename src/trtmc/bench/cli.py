@@ -19,7 +19,6 @@ from .spec import (
     BASELINES,
     DEFAULT_BASELINES,
     FOLDER_BASELINES,
-    FOLDER_DECODERS,
     HEADLINE,
     LOADER_WORKERS_CAP,
     PRECISIONS,
@@ -119,9 +118,6 @@ def add_bench(sub) -> None:
     what.add_argument("--folder-baseline", choices=FOLDER_BASELINES,
                       help="how the folder scope's DataLoader baseline runs timm: compile (default: torch.compile, "
                            "default mode) or eager (no compile: a quick check of the harness on a CPU)")
-    what.add_argument("--folder-decoder", choices=FOLDER_DECODERS,
-                      help="how the folder scope's trtmc side decodes the files: pil (default: timm's exact "
-                           "transform) or torchvision (JPEGs on the engine's device; close to timm's pixels)")
 
     how = p.add_argument_group("how")
     how.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
@@ -183,8 +179,6 @@ def _with_folder(entry: Entry, args) -> Entry:
         folder = replace(folder, loader_workers=args.loader_workers)
     if args.folder_baseline is not None:
         folder = replace(folder, baseline=args.folder_baseline)
-    if args.folder_decoder is not None:
-        folder = replace(folder, decoder=args.folder_decoder)
     return replace(entry, folder=folder)
 
 
@@ -221,9 +215,9 @@ def entries_from_args(args) -> tuple[Entry, ...]:
             changes["seed"] = args.seed
         entries = tuple(replace(e, **changes) for e in entries)
     entries = tuple(_with_folder(e, args) for e in entries)
-    if (args.loader_workers is not None or args.folder_baseline or args.folder_decoder) and not any(e.folder for e in entries):
-        raise SpecError("--loader-workers, --folder-baseline and --folder-decoder set up the folder scope: add "
-                        "--folder-images N (or a `folder:` to the entries)")
+    if (args.loader_workers is not None or args.folder_baseline) and not any(e.folder for e in entries):
+        raise SpecError("--loader-workers and --folder-baseline set up the folder scope: add --folder-images N "
+                        "(or a `folder:` to the entries)")
     overrides = _protocol_overrides(args)
     result = []
     for entry in entries:

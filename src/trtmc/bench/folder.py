@@ -102,7 +102,6 @@ class TrtmcPass:
     bundle: Path
     engine: str
     batch: int
-    decoder: str = "pil"  # `PipelineOptions.decoder`
 
 
 @dataclass(frozen=True)
@@ -249,8 +248,7 @@ class FolderJob:
         compiled = self.spec.baseline == "compile"
         how = "torch.compile" if compiled else "eager"
         return (
-            (TRTMC, f"trtmc {self.precision} classify_files" + ("" if self.spec.decoder == "pil" else f", {self.spec.decoder} decoder"),
-             TrtmcPass(folder, self.bundle, self.engine, self.batch, self.spec.decoder)),
+            (TRTMC, f"trtmc {self.precision} classify_files", TrtmcPass(folder, self.bundle, self.engine, self.batch)),
             (DATALOADER, f"timm DataLoader + {how} {self.precision} CL",
              LoaderPass(folder, self.checkpoint, self.precision, self.device, self.batch, workers, compiled)),
         )

@@ -154,7 +154,7 @@ def run_trtmc(work: TrtmcPass) -> Measurement:
     kept = _Kept()
     before = memory.own_peak()
     started = time.perf_counter()
-    for result in classify_files(runtime, paths, PipelineOptions(batch_size=work.batch, decoder=work.decoder)):
+    for result in classify_files(runtime, paths, PipelineOptions(batch_size=work.batch)):
         name = Path(result.image).name
         if result.ok:
             kept.add(name, *_top(result.logits))

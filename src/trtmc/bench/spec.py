@@ -74,13 +74,10 @@ HEADLINE = "expert"  # the headline ratio: this baseline's ms / trtmc's engine m
 TOP_KEYS = ("protocol", "defaults", "entries")
 PROTOCOL_KEYS = ("warmups", "iters", "margin", "round_ms")
 ENTRY_KEYS = ("name", "model", "precision", "batch", "weights", "photos", "seed", "protocol", "folder")
-FOLDER_KEYS = ("images", "loader_workers", "baseline", "decoder")
+FOLDER_KEYS = ("images", "loader_workers", "baseline")
 # How the folder scope's DataLoader baseline runs timm's model: as a user writes it (torch.compile in its
 # default mode), or eager (no compile: a check of the harness where compiling takes minutes, a small CPU).
 FOLDER_BASELINES = ("compile", "eager")
-# How trtmc's side decodes the files (`trtmc.pipeline.DECODERS`): PIL's exact transform, or torchvision on the
-# engine's device.
-FOLDER_DECODERS = ("pil", "torchvision")
 LOADER_WORKERS_CAP = 16  # the DataLoader's num_workers: the machine's cores, at most this many
 MAX_FOLDER_IMAGES = 1_000_000
 DEFAULT_KEYS = tuple(k for k in ENTRY_KEYS if k not in ("name", "model"))
@@ -127,7 +124,6 @@ class FolderSpec:
     images: tuple[int, ...]
     loader_workers: int | None = None  # the DataLoader's num_workers; None: the cores, at most LOADER_WORKERS_CAP
     baseline: str = "compile"  # one of FOLDER_BASELINES
-    decoder: str = "pil"  # trtmc's side: one of FOLDER_DECODERS
 
     def validate(self, where: str) -> None:
         if not self.images or not all(_is_int(n) and 1 <= n <= MAX_FOLDER_IMAGES for n in self.images):
@@ -144,8 +140,6 @@ class FolderSpec:
             )
         if self.baseline not in FOLDER_BASELINES:
             raise SpecError(f"{where}: 'baseline' must be one of {', '.join(FOLDER_BASELINES)}, got {self.baseline!r}")
-        if self.decoder not in FOLDER_DECODERS:
-            raise SpecError(f"{where}: 'decoder' must be one of {', '.join(FOLDER_DECODERS)}, got {self.decoder!r}")
 
 
 @dataclass(frozen=True)
@@ -294,7 +288,7 @@ def _folder(raw: Any, where: str) -> FolderSpec | None:
         images = [images]
     if not isinstance(images, list):
         raise SpecError(f"{where}: 'images' must be a list of image counts such as [2002, 20000], got {images!r}")
-    return FolderSpec(tuple(images), raw.get("loader_workers"), raw.get("baseline", "compile"), raw.get("decoder", "pil"))
+    return FolderSpec(tuple(images), raw.get("loader_workers"), raw.get("baseline", "compile"))
 
 
 def default_name(model: str) -> str:

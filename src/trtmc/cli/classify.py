@@ -63,12 +63,7 @@ def add(sub) -> None:
                    help="write the results to FILE instead of stdout: .jsonl (as --json) or .csv (image, then index, "
                         "score and label for each of the top-k, then error); written atomically")
     p.add_argument("--batch-size", type=int, metavar="N", help="images per engine call (default: the engine's largest)")
-    p.add_argument("--workers", type=int, metavar="N", help="decoding processes, or reading threads with --decoder torchvision (default: one per CPU this process may use)")
-    p.add_argument("--decoder", choices=("pil", "torchvision"), default="pil",
-                   help="pil (default): timm's exact transform, decoded in worker processes. torchvision: JPEGs "
-                        "decoded, resized and cropped on the engine's device (nvJPEG on a GPU), which frees the CPUs "
-                        "that bound a folder's rate; the pixels differ slightly from timm's (the shipped photos keep "
-                        "their top-1), other formats still go through PIL. Needs torchvision")
+    p.add_argument("--workers", type=int, metavar="N", help="decoding processes (default: one per CPU this process may use)")
     p.add_argument("--engine", metavar="NAME",
                    help=f"use this engine: a backend ({', '.join(BACKENDS)}) or an engine key from `trtmc inspect`; "
                         "default: the first that runs here")
@@ -190,7 +185,7 @@ def run(args) -> int:
     if not specs:
         raise ValueError("no images given: list image files, folders, @FILE lists or globs after the bundle")
     paths = expand_images(specs)  # a missing file or empty folder stops here, before any engine loads
-    options = PipelineOptions(batch_size=args.batch_size, workers=args.workers, decoder=args.decoder)
+    options = PipelineOptions(batch_size=args.batch_size, workers=args.workers)
     options.validate()
     from ..bundle import read_bundle
     from ..runtime import LoadOptions, Runtime
