@@ -8,15 +8,12 @@
 #                default) for lite0 twice, ghostnet_100 and resnet50, then lite0 `--compiled` for comparison
 #   folders      `trtmc classify` over 2,002 and 20,000 photos (the 22 repo photos linked round-robin), then the
 #                2,002 with `--compiled`
-#   firstcall    tools/first_call_probe.py: the quick start's first uncompiled call profiled, in channels-last and
-#                in NCHW, for the three bundles of `bundles`
-#   dwprobe      tools/depthwise_probe.py: ghostnet_100 and efficientnet_b0, batch 1 and 128, the engine's graph
-#                against the same graph with its depthwise layers in trtmc's fused Triton kernel
+#   firstcall    tools/first_call_probe.py: the quick start's first uncompiled call profiled, with cuDNN and with
+#                the depthwise convolutions on PyTorch's own kernels, for the three bundles of `bundles`
 #   probe        tools/pipeline_probe.py on the 2,002 photos: decoding alone and the whole pipeline, profiled
 #   folderbench  the folder scope of `trtmc bench` (2,002 and 20,000 files, trtmc against timm + DataLoader +
 #                torch.compile) and Ray Data over the 2,002 files (tools/folder_bench.py), with Ray from
 #                .whl/ray-site.tar.xz where it was carried
-#   tvdecode     the folder bench again with trtmc's side on `--decoder torchvision` (JPEGs decoded on the GPU)
 #   ray          Ray Data alone over 2,002 files (1 actor, then 4 sharing the GPU), timm's top-1 from run 5's folder bench
 #   aoti         the AOTInductor package (exported here unless `bundles` did) loaded in a fresh process with the system libstdc++ preloaded
 #                (tools/aoti_cuda_probe.py load): load time and its profile, first call, parity, CUDA-graph capture
@@ -111,31 +108,19 @@ folders() {
     head -3 "$WORK/scores-2002.csv" >>"$LOG"
 }
 
-firstcall() {  # the quick start's first call, profiled, each layout in a fresh process (tools/first_call_probe.py)
+firstcall() {  # the quick start's first call, profiled, with cuDNN and without it for depthwise convolutions, each in a
+    # fresh process (tools/first_call_probe.py; run 8 found NCHW no faster than channels-last)
     for name in ghostnet_100 lite0 resnet50; do
-        for layout in channels-last nchw; do
-            timeout 60 python3 tools/first_call_probe.py "$WORK/$name.bundle" "$RESULTS/firstcall/$name-$layout.json" \
-                --layout "$layout" >>"$LOG" 2>&1
+        for cudnn in on off-for-grouped; do
+            timeout 60 python3 tools/first_call_probe.py "$WORK/$name.bundle" "$RESULTS/firstcall/$name-cudnn-$cudnn.json" \
+                --cudnn "$cudnn" >>"$LOG" 2>&1
         done
     done
-}
-
-dwprobe() {  # the fused depthwise kernel against the engine as it runs (tools/depthwise_probe.py)
-    timeout "$(left)" python3 tools/depthwise_probe.py "$RESULTS/depthwise-probe.json" ghostnet_100 efficientnet_b0 \
-        >>"$LOG" 2>&1
-    echo "depthwise probe: $?" >>"$LOG"
 }
 
 probe() {
     timeout 200 python3 tools/pipeline_probe.py "$WORK/lite0.bundle" "$WORK/photos-2002" "$RESULTS/probe" >>"$LOG" 2>&1
     echo "pipeline probe: $?" >>"$LOG"
-}
-
-tvdecode() {  # the folder bench with trtmc's side decoding on the GPU (--decoder torchvision), 2,002 and 20,000 files
-    PYTHONPATH=$PYTHONPATH timeout "$(left)" python3 tools/folder_bench.py --out "$RESULTS/folder-torchvision" \
-        --workdir "$WORK/folderbench" --images 2002 --images 20000 --decoder torchvision --skip-ray --reuse-bundle >>"$LOG" 2>&1
-    echo "folder bench, torchvision decoder: $?" >>"$LOG"
-    cat "$RESULTS/folder-torchvision/summary.txt" >>"$LOG" 2>/dev/null
 }
 
 folderbench() {

@@ -1,4 +1,4 @@
-"""What the GPU probes (fp8_probe.py, depthwise_probe.py) share: a graph's FX module compiled as the CUDA
+"""For GPU probes of engine variants (fp8_probe.py): a graph's FX module compiled as the CUDA
 inductor engine compiles it and replayed in a CUDA graph, and the kernels of one replay."""
 
 from __future__ import annotations

@@ -339,27 +339,15 @@ class GraphModule(torch.nn.Module):
     `half_convolutions_in_fp32` selects `_conv2d_half_via_fp32` for fp16/bf16 convolutions (CPU
     reference runs); engines never set it. `quantized_gemms` runs the ops `find_quantized_gemms(graph)`
     finds as FP8 or INT8 GEMMs instead of convolutions of dequantized values (same numbers up to the
-    summation order, checked on the CPU); the CUDA inductor engine sets it. `fused_depthwise` runs the
-    depthwise convolutions, with the activation after each, as `depthwise.depthwise_conv2d` (a Triton
-    kernel; an experiment until the GPU measures it: tools/depthwise_probe.py).
+    summation order, checked on the CPU); the CUDA inductor engine sets it.
     """
 
     def __init__(
-        self, graph: Graph, *, half_convolutions_in_fp32: bool = False, quantized_gemms: bool = False,
-        fused_depthwise: bool = False,
+        self, graph: Graph, *, half_convolutions_in_fp32: bool = False, quantized_gemms: bool = False
     ) -> None:
         super().__init__()
         self.half_convolutions_in_fp32 = half_convolutions_in_fp32
         self._gemms = find_quantized_gemms(graph) if quantized_gemms else {}
-        # op name -> the fused depthwise kernel's lowering; the activations it applies pass their input on.
-        self._depthwise: dict[str, Callable] = {}
-        self._absorbed: set[str] = set()
-        if fused_depthwise:  # Triton's kernel: imported only where asked for
-            from .depthwise import find_fused_depthwise, lower_fused
-
-            found = find_fused_depthwise(graph)
-            self._depthwise = {name: functools.partial(lower_fused, f) for name, f in found.items()}
-            self._absorbed = {f.activation for f in found.values() if f.activation}
         missing = [k.value for k in OpKind if k not in LOWERINGS]
         if missing:
             raise NotImplementedError(f"no torch lowering for {', '.join(missing)}")
@@ -399,22 +387,14 @@ class GraphModule(torch.nn.Module):
             if node.name in self._gemms:
                 gemm = self._gemms[node.name]
                 args, lower = [values[gemm.activation], values[gemm.weight]], functools.partial(_quantized_gemm, gemm)
-            elif node.name in self._depthwise:
-                lower = self._depthwise[node.name]
-            elif node.name in self._absorbed:  # applied by the depthwise kernel before it
-                lower = _passed_on
             values[node.name] = lower(node, args, self._weight)
         outputs = [values[o] for o in self.graph_ir.outputs]
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
 
-def _passed_on(node, args, w):
-    return args[0]
-
-
-def to_fx(graph: Graph, *, quantized_gemms: bool = False, fused_depthwise: bool = False) -> torch.fx.GraphModule:
+def to_fx(graph: Graph, *, quantized_gemms: bool = False) -> torch.fx.GraphModule:
     """A flat FX graph of the whole network (the op-by-op loop unrolled by tracing)."""
-    return torch.fx.symbolic_trace(GraphModule(graph, quantized_gemms=quantized_gemms, fused_depthwise=fused_depthwise))
+    return torch.fx.symbolic_trace(GraphModule(graph, quantized_gemms=quantized_gemms))
 
 
 # The ops whose 4-D constants are convolution weights, or become them (a quantized weight's dequantize).
