@@ -1,6 +1,6 @@
 """Where a quick start's first call goes (issue 10): the uncompiled CUDA graph's first call, profiled.
 
-    python3 tools/first_call_probe.py BUNDLE OUT.json [--layout channels-last|nchw]
+    python3 tools/first_call_probe.py BUNDLE OUT.json [--layout channels-last|nchw] [--cudnn on|off-for-grouped]
 
 Run 7 measured the quick start's first batch-1 call at 0.45 s for resnet50, 2.3-3.4 s for lite0 and 6.2 s
 for ghostnet_100: seconds that no later call pays. The suspect is cuDNN choosing (and, for some kernels,
@@ -9,6 +9,13 @@ many depthwise shapes, which in channels-last fp16 go to cuDNN, while in NCHW Py
 with kernels of its own. Run once per layout, each in a fresh process (cuDNN's plan cache lives in the
 process). Writes the import, load and first / second call seconds, the distinct convolution shapes, and
 torch.profiler's 15 ops with the most CPU time in the first call.
+
+Run 8 (2026-12-02) found the suspect right and the layout irrelevant: `aten::cudnn_convolution` took 6.6 of
+ghostnet_100's 6.8 s (63 distinct convolutions, 41 depthwise), 3.1 of lite0's 3.2 s and 0.28 of resnet50's
+0.36 s, in NCHW as in channels-last. Dense shapes cost ~12 ms each, depthwise ones ~0.2 s. `--cudnn
+off-for-grouped` runs the grouped (depthwise) convolutions with cuDNN disabled, so PyTorch's own CUDA kernels
+take them (precompiled: nothing to choose or compile on first use); it also times a warm batch of 64, since
+those kernels may be slower than cuDNN's once warm.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ def main() -> None:
     parser.add_argument("bundle", type=Path)
     parser.add_argument("out", type=Path)
     parser.add_argument("--layout", choices=("channels-last", "nchw"), default="channels-last")
+    parser.add_argument("--cudnn", choices=("on", "off-for-grouped"), default="on")
     parser.add_argument("--device", default="cuda", help="cpu only to try the probe out on a machine without a GPU")
     args = parser.parse_args()
 
@@ -45,6 +53,8 @@ def main() -> None:
     layout = torch.channels_last if args.layout == "channels-last" else torch.contiguous_format
     if args.layout == "channels-last":
         module = channels_last_weights(module, graph)
+    if args.cudnn == "off-for-grouped":
+        module = _grouped_convolutions_without_cudnn(module)
     pixels = torch.rand((1, *graph.inputs[0].type.shape[1:]), device=args.device)
     x = pixels.to(feed_dtype(graph), memory_format=layout)
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
@@ -61,6 +71,13 @@ def main() -> None:
         module(x)
         sync()
         second = time.perf_counter() - started
+        batch = pixels.expand(64, -1, -1, -1).to(feed_dtype(graph), memory_format=layout)
+        module(batch)  # the first batch of 64: shapes that are new again
+        sync()
+        started = time.perf_counter()
+        module(batch)
+        sync()
+        warm_batch64 = time.perf_counter() - started
 
     convs = [n for n in graph.nodes if n.kind is OpKind.CONV2D]
     shapes = {(graph.node(n.inputs[0]).type.shape, n.attrs.groups, graph.weights[n.attrs.weight].shape, n.attrs.stride) for n in convs}
@@ -68,12 +85,14 @@ def main() -> None:
     record = {
         "bundle": str(args.bundle),
         "layout": args.layout,
+        "cudnn": args.cudnn,
         "torch": torch.__version__,
-        "cudnn": torch.backends.cudnn.version(),
+        "cudnn_version": torch.backends.cudnn.version(),
         "imports_s": round(imported, 3),
         "loaded_s": round(loaded, 3),
         "first_call_s": round(first, 4),
         "second_call_s": round(second, 5),
+        "warm_batch64_call_s": round(warm_batch64, 5),
         "convolutions": len(convs),
         "depthwise": sum(1 for n in convs if n.attrs.groups > 1),
         "distinct_convolutions": len(shapes),
@@ -82,6 +101,23 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=1))
     print(json.dumps({k: v for k, v in record.items() if k != "top_self_cpu"}))
+
+
+def _grouped_convolutions_without_cudnn(module):
+    """`module` (an FX GraphModule) with every convolution of groups > 1 run under cudnn.flags(enabled=False)."""
+    import torch
+
+    def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+        if groups == 1:
+            return torch.conv2d(x, weight, bias, stride, padding, dilation, groups)
+        with torch.backends.cudnn.flags(enabled=False):
+            return torch.conv2d(x, weight, bias, stride, padding, dilation, groups)
+
+    for node in module.graph.nodes:
+        if node.op == "call_function" and node.target in (torch.conv2d, torch.nn.functional.conv2d):
+            node.target = conv2d
+    module.recompile()
+    return module
 
 
 if __name__ == "__main__":

@@ -15,9 +15,19 @@ pip=(python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3
      -d "$work/wheels")
 "${pip[@]}" ray==2.60.0 jsonschema referencing jsonschema-specifications rpds-py
 mkdir -p "$work/site"
-for wheel in "$work"/wheels/*.whl; do
-    python3 -m zipfile -e "$wheel" "$work/site"
-done
+# Unpacked keeping each file's mode (`python3 -m zipfile -e` drops it, and Ray's gcs_server and raylet must stay
+# executable: without that `ray.init` fails with PermissionError on the GPU machine).
+python3 - "$work/site" "$work"/wheels/*.whl <<'PY'
+import os, sys, zipfile
+site, wheels = sys.argv[1], sys.argv[2:]
+for wheel in wheels:
+    with zipfile.ZipFile(wheel) as archive:
+        for info in archive.infolist():
+            path = archive.extract(info, site)
+            mode = (info.external_attr >> 16) & 0o777
+            if mode and not info.is_dir():
+                os.chmod(path, mode)
+PY
 rm -rf "$work"/site/ray/{jars,rllib,serve,llm} "$work"/site/ray/dashboard/client/build
 find "$work/site" -name __pycache__ -prune -exec rm -rf {} +
 mkdir -p .whl
