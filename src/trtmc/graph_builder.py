@@ -223,13 +223,14 @@ class GraphBuilder:
     def mul(self, a: Tensor, b: Tensor, source: str) -> Tensor:
         return self.binary(a, b, Binary.MUL, source)
 
-    def concat(self, xs: Sequence[Tensor], axis: int, source: str) -> Tensor:
+    def concat(self, xs: Sequence[Tensor], axis: int, source: str, *, sensitive: bool = False) -> Tensor:
         if not xs:
             raise GraphError(f"concat {source!r} needs at least one input")
-        return self._add(OpKind.CONCAT, source, xs, ConcatAttrs(self._axis(xs[0], axis)))
+        return self._add(OpKind.CONCAT, source, xs, ConcatAttrs(self._axis(xs[0], axis)), sensitive=sensitive)
 
-    def slice(self, x: Tensor, axis: int, start: int, stop: int, source: str) -> Tensor:
-        return self._add(OpKind.SLICE, source, [x], SliceAttrs(self._axis(x, axis), int(start), int(stop)))
+    def slice(self, x: Tensor, axis: int, start: int, stop: int, source: str, *, sensitive: bool = False) -> Tensor:
+        attrs = SliceAttrs(self._axis(x, axis), int(start), int(stop))
+        return self._add(OpKind.SLICE, source, [x], attrs, sensitive=sensitive)
 
     def linear(self, x: Tensor, source: str, weight: np.ndarray, bias: np.ndarray | None = None) -> Tensor:
         name, staged = self.unique(source), {}
@@ -269,8 +270,8 @@ class GraphBuilder:
         )
         return self._add(OpKind.GROUP_NORM, source, [x], attrs, staged=staged, sensitive=sensitive, name=name)
 
-    def reshape(self, x: Tensor, shape: Sequence[int], source: str) -> Tensor:
-        return self._add(OpKind.RESHAPE, source, [x], ReshapeAttrs(tuple(int(d) for d in shape)))
+    def reshape(self, x: Tensor, shape: Sequence[int], source: str, *, sensitive: bool = False) -> Tensor:
+        return self._add(OpKind.RESHAPE, source, [x], ReshapeAttrs(tuple(int(d) for d in shape)), sensitive=sensitive)
 
     def flatten(self, x: Tensor, source: str) -> Tensor:
         return self.reshape(x, (int(np.prod(x.shape[1:])),), source)
