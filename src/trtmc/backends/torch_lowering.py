@@ -406,11 +406,17 @@ def channels_last_weights(module: torch.nn.Module, graph: Graph) -> torch.nn.Mod
     activations in cuDNN; every other constant keeps its row-major layout. `Module.to(memory_format=)`
     would convert every 4-D buffer: swin's attention biases [1, windows x heads, 49, 49] then had a
     last-dim stride of 192, and Inductor copies a bias that is not dense along its last dim before
-    every attention call."""
+    every attention call.
+
+    `.to(memory_format=)`, as `Module.to` does, not `.contiguous(memory_format=)`: a 1x1 weight is
+    contiguous in both formats, so `.contiguous` keeps its row-major strides, and a convolution of a
+    row-major input (efficientvit's attention output, reshaped) with such a weight stays row-major, and
+    so does the rest of its stage (seen in tools/graph_diff.py against timm, whose convolution there comes
+    out channels-last)."""
     convolution_side = {k for n in graph.nodes if n.kind in _CONVOLUTION_SIDE for k in n.weight_keys()}
     for key in sorted(convolution_side):
         name = _buffer_name(key)
         tensor = getattr(module, name, None)  # tracing keeps only the buffers the forward reads
         if tensor is not None and tensor.dim() == 4:
-            setattr(module, name, tensor.contiguous(memory_format=torch.channels_last))
+            setattr(module, name, tensor.to(memory_format=torch.channels_last))
     return module
