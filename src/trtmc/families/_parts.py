@@ -139,24 +139,24 @@ def squeeze_excite(
     return g.mul(x, s, f"{prefix}.mul")
 
 
-def softmax_over_branches(
-    g: GraphBuilder, stacked: Tensor, logits: Tensor, branches: int, *, groups: int, source: str
-) -> Tensor:
-    """sum_r stacked_r * softmax_r(logits): the attention-weighted sum of `branches` maps of C channels
-    stacked branch after branch ([1, branches * C, H, W]). `logits` ([1, branches * C, 1, 1]) is laid
-    out as timm's RadixSoftmax reads it, `groups` runs of (branch, C / groups); SKNet's has one group."""
-    _, stacked_channels, height, width = stacked.shape
-    channels = stacked_channels // branches
+def softmax_over_branches(g: GraphBuilder, branches: Sequence[Tensor], logits: Tensor, *, groups: int, source: str) -> Tensor:
+    """sum_r branches[r] * softmax_r(logits): the attention-weighted sum of maps of C channels. `logits`
+    ([1, branches * C, 1, 1]) is laid out as timm's RadixSoftmax reads it, `groups` runs of (branch,
+    C / groups); SKNet's has one group. Each branch is weighed where it is, and the products added: no
+    stacked copy of the branches (timm stacks them), nothing for a compiler to fuse but pointwise ops."""
+    n, channels = len(branches), branches[0].channels
     if groups == 1:
-        weights = g.reshape(logits, (branches, channels), f"{source}.attn_split")
+        weights = g.reshape(logits, (n, channels), f"{source}.attn_split")
     else:
-        weights = g.reshape(logits, (groups, branches, channels // groups), f"{source}.attn_split")
+        weights = g.reshape(logits, (groups, n, channels // groups), f"{source}.attn_split")
         weights = g.transpose(weights, (0, 2, 1, 3), f"{source}.attn_branch_first")
     weights = g.softmax(weights, 1, f"{source}.softmax")
-    weighted = g.mul(stacked, g.reshape(weights, (stacked_channels, 1, 1), f"{source}.attn_merge"), f"{source}.weigh")
-    weighted = g.reshape(weighted, (branches, channels, height * width), f"{source}.branches")
-    summed = g.reduce(weighted, f"{source}.sum", Reduction.SUM, (1,), keepdim=False)
-    return g.reshape(summed, (channels, height, width), f"{source}.merge")
+    total = None
+    for r, branch in enumerate(branches):
+        weight = g.reshape(g.slice(weights, 1, r, r + 1, f"{source}.attn_{r}"), (channels, 1, 1), f"{source}.attn_{r}")
+        weighed = g.mul(branch, weight, f"{source}.weigh_{r}")
+        total = weighed if total is None else g.add(total, weighed, f"{source}.sum")
+    return total
 
 
 def max_pool(g: GraphBuilder, x: Tensor, source: str, kernel: int, stride: int, padding: int) -> Tensor:

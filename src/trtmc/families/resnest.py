@@ -81,7 +81,8 @@ def _split_attention(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, b: BlockSpec,
     s = g.global_avg_pool(s, f"{p}.gap", keepdim=True)
     s = conv_norm_act(g, s, ckpt, f"{p}.fc1", f"{p}.bn1", arch.act, eps=arch.eps)
     logits = conv(g, s, ckpt, f"{p}.fc2")
-    return softmax_over_branches(g, y, logits, b.radix, groups=b.cardinality, source=p)
+    branches = [g.slice(y, 1, r * width, (r + 1) * width, f"{p}.branch_{r}") for r in range(b.radix)]
+    return softmax_over_branches(g, branches, logits, groups=b.cardinality, source=p)
 
 
 def _emit_block(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, b: BlockSpec, arch: ArchConfig) -> Tensor:

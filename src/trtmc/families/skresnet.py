@@ -88,7 +88,7 @@ def derive_layout(ckpt: Checkpoint, arch: ArchConfig) -> Layout[BlockSpec]:
 
 def _emit_selective_kernel(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, sk: SelectiveKernelSpec, arch: ArchConfig) -> Tensor:
     """sum_i path_i(x) * softmax_i(attention(sum_i path_i(x))), as timm's SelectiveKernel."""
-    p, n = sk.prefix, len(arch.path_dilations)
+    p = sk.prefix
     paths = []
     for i, dilation in enumerate(arch.path_dilations):
         y = g.slice(x, 1, i * sk.path_input, (i + 1) * sk.path_input, f"{p}.split") if arch.split_input else x
@@ -100,7 +100,7 @@ def _emit_selective_kernel(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, sk: Sel
     s = g.global_avg_pool(summed, f"{p}.attn.pool", keepdim=True)
     s = conv_norm_act(g, s, ckpt, f"{p}.attn.fc_reduce", f"{p}.attn.bn", arch.act, eps=arch.eps)
     logits = conv(g, s, ckpt, f"{p}.attn.fc_select")
-    return softmax_over_branches(g, g.concat(paths, 1, f"{p}.stack"), logits, n, groups=1, source=p)
+    return softmax_over_branches(g, paths, logits, groups=1, source=p)
 
 
 def _emit_block(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, b: BlockSpec, arch: ArchConfig) -> Tensor:
