@@ -6,10 +6,10 @@
    process: images/s, their ratio, peak RSS, every file's top-1 against timm's. `--no-baselines` leaves
    out the engine-scope baselines (their compiles), not the folder scope's DataLoader baseline.
 2. A Ray Data run over the 2,002-file folder with the bundle step 1 built:
-   `ray.data.read_images(..., mode="RGB")` -> `map_batches(trtmc.ray.ClassifyBatch, ...)` on --ray-actors actors
-   sharing --ray-gpus GPUs,
-   images/s over the whole run and from its first result on, and top-1 against timm's per photo;
-   skipped, with the reason in ray.json, where `import ray` fails.
+   `ray.data.read_images(..., mode="RGB")` -> `map_batches(trtmc.ray.CropImages(bundle))` (fused into the read
+   tasks) -> `map_batches(trtmc.ray.ClassifyBatch, ...)` on --ray-actors actors sharing --ray-gpus GPUs,
+   images/s over the whole run and from its first result on, top-1 against timm's per photo, and Ray's own
+   operator lines (how it fused the stages); skipped, with the reason in ray.json, where `import ray` fails.
 
 Everything lands in --out: bench/results.{json,md} and bench.log (step 1), ray.json (step 2), summary.txt
 (both). The folders and the bundle go to --workdir (about 2 GB for 20,000 files).
@@ -57,7 +57,7 @@ def ray_run(args, out: Path) -> dict:
         return {"skipped": f"`import ray` failed ({exc}); install Ray with `pip install 'trtmc[ray]'` to run this step"}
     from trtmc.bench.folder import build_folder
     from trtmc.bench.oracle import photo_files
-    from trtmc.ray import ClassifyBatch
+    from trtmc.ray import ClassifyBatch, CropImages
 
     bundle = args.workdir / "bundles" / f"{NAME}-{args.precision}-{args.backend}.bundle"
     if not bundle.is_file():
@@ -68,20 +68,28 @@ def ray_run(args, out: Path) -> dict:
     expected = {path.name: timm_top1.get(photos[p].name) for path, p in zip(folder.files, folder.photos)}
 
     logging.getLogger("ray").setLevel(logging.WARNING)
-    ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+    # On a CPU machine the actors take two cores each: enough logical CPUs that the read tasks can run beside
+    # them (on 2 cores, Ray Data would wait for ever for a free CPU).
+    cpus = None if args.ray_gpus else max(os.cpu_count() or 1, 2 * args.ray_actors + 2)
+    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
     started = time.perf_counter()
     ds = ray.data.read_images(str(folder.path), mode="RGB", include_paths=True)
+    ds = ds.map_batches(CropImages(str(bundle)))  # no batch_size: Ray runs it inside the read tasks
+    # The actors ask for other resources than the tasks (GPUs; on CPUs alone, two cores), or Ray would fuse
+    # the crop into them.
+    resources = {"num_gpus": args.ray_gpus / args.ray_actors} if args.ray_gpus else {"num_cpus": 2}
     ds = ds.map_batches(
         ClassifyBatch,
         fn_constructor_kwargs={"bundle": str(bundle), "top_k": 5},
         compute=ray.data.ActorPoolStrategy(size=args.ray_actors),
         batch_size=args.batch,
-        num_gpus=args.ray_gpus / args.ray_actors,  # the actors share the GPUs asked for
+        **resources,
     )
+    ds = ds.select_columns(["path", "top_indices"])
     rows = agree = 0
     first = None
-    for batch in ds.select_columns(["path", "top_indices"]).iter_batches(batch_size=None, batch_format="numpy"):
+    for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
         if first is None:
             first, first_rows = time.perf_counter(), len(batch["path"])
         for path, top in zip(batch["path"], batch["top_indices"]):
@@ -89,6 +97,7 @@ def ray_run(args, out: Path) -> dict:
             agree += int(top[0]) == expected.get(Path(str(path)).name)
     seconds = time.perf_counter() - started
     after_first = time.perf_counter() - first if first is not None else None
+    operators = [line.strip() for line in ds.stats().splitlines() if line.startswith("Operator")]
     ray.shutdown()
     return {
         "images": len(folder.files),
@@ -102,6 +111,8 @@ def ray_run(args, out: Path) -> dict:
         "actors": args.ray_actors,
         "num_gpus": args.ray_gpus,
         "ray": ray.__version__,
+        "pipeline": "read_images -> CropImages (in the read tasks) -> ClassifyBatch actors",
+        "operators": operators,
         "bundle": str(bundle),
         "folder": str(folder.path),
     }
