@@ -42,6 +42,25 @@ case "${1:-}" in
         if [ -n "$missing" ]; then
             echo "not timed yet: $(echo $missing)" | tee -a "$OUT/bench.log"; exit 1
         fi
+        # A record of other code or of another machine would be timed again here, unprepared: refuse instead,
+        # naming what differs.
+        if ! python3 - "$WORK/timed" >>"$OUT/bench.log" 2>&1 <<'PY'
+import pickle, sys
+from pathlib import Path
+from trtmc.bench.runner import environment
+here = environment("cuda")
+differ = {}
+for path in sorted(Path(sys.argv[1]).glob("*.pickle")):
+    there = pickle.loads(path.read_bytes())["environment"]
+    keys = sorted(k for k in set(here) | set(there) if here.get(k) != there.get(k))
+    if keys:
+        differ[path.stem] = {k: (there.get(k), here.get(k)) for k in keys}
+if differ:
+    sys.exit(f"records made by other code or on another machine (record, here): {differ}")
+PY
+        then
+            tail -1 "$OUT/bench.log"; exit 1
+        fi
         # Every entry from its record (each is checked against this code and machine; one that is not the same is
         # timed again, which needs its prepared bundle: the log says so).
         timeout "$LIMIT" python3 -m trtmc bench --random-weights --baseline expert --reuse-prepared --resume \
