@@ -9,7 +9,8 @@
 #   RECORDS=benchmarks/results/RUN/records PART=2/2 OUT=$OUT LIMIT=570 bash tools/gpu_bench.sh prepare   # next session
 #   RECORDS=benchmarks/results/RUN/records PART=2/2 OUT=$OUT LIMIT=570 bash tools/gpu_bench.sh time
 #   RECORDS=benchmarks/results/RUN/records OUT=$OUT bash tools/gpu_bench.sh report   # the report, once every entry is timed
-# PART=K/N takes every N-th entry from the K-th (heavy and light entries spread over the halves); without PART, all.
+# PART=K/N takes every N-th entry from the K-th (heavy and light entries spread over the halves); ONLY="a b" takes
+# those entries (a quick look at a few, e.g. the ones a change should move); without either, all.
 # A record (WORKDIR/timed/NAME.pickle) is taken by `--resume` only when the code (trtmc's source digest), the versions,
 # the machine and the entry are the same; RECORDS (default bench-records/timed) are copied into the work folder first.
 set -u
@@ -23,6 +24,9 @@ mkdir -p "$OUT" "$WORK/timed"
 python3 -c "from trtmc.bench.runner import source_digest; print('trtmc source', source_digest())" >>"$OUT/bench.log"
 names=$(python3 -m trtmc bench --list | awk '{print $1}')
 only=()
+for name in ${ONLY:-}; do
+    only+=(--only "$name")
+done
 if [ -n "${PART:-}" ]; then
     for name in $(echo "$names" | awk -v k="${PART%/*}" -v n="${PART#*/}" '(NR - 1) % n == k - 1'); do
         only+=(--only "$name")
@@ -65,7 +69,7 @@ PY
         # timed again, which needs its prepared bundle: the log says so).
         timeout "$LIMIT" python3 -m trtmc bench --random-weights --baseline expert --reuse-prepared --resume \
             --workdir "$WORK" --out "$OUT/bench" >>"$OUT/bench.log" 2>&1 ;;
-    *) echo "usage: [PART=K/N] [RECORDS=DIR] OUT=DIR LIMIT=SECONDS bash tools/gpu_bench.sh prepare|time|report" >&2; exit 2 ;;
+    *) echo "usage: [PART=K/N | ONLY=\"NAME ...\"] [RECORDS=DIR] OUT=DIR LIMIT=SECONDS bash tools/gpu_bench.sh prepare|time|report" >&2; exit 2 ;;
 esac
 echo "exit status $?" >>"$OUT/bench.log"
 # One archive: a call brings back at most 8 files.
