@@ -10,6 +10,8 @@
 #                2,002 with `--compiled`
 #   firstcall    tools/first_call_probe.py: the quick start's first uncompiled call profiled, with cuDNN and with
 #                the depthwise convolutions on PyTorch's own kernels, for the three bundles of `bundles`
+#   dwshapes     tools/depthwise_shapes_probe.py: ghostnet_100's depthwise convolutions one by one, batch 1 and
+#                128, eager: cuDNN's kernel for each, channels-last against NCHW and against stride-1 + subsample
 #   probe        tools/pipeline_probe.py on the 2,002 photos: decoding alone and the whole pipeline, profiled
 #   folderbench  the folder scope of `trtmc bench` (2,002 and 20,000 files, trtmc against timm + DataLoader +
 #                torch.compile) and Ray Data over the 2,002 files (tools/folder_bench.py), with Ray from
@@ -116,6 +118,11 @@ firstcall() {  # the quick start's first call, profiled, with cuDNN and without 
                 --cudnn "$cudnn" >>"$LOG" 2>&1
         done
     done
+}
+
+dwshapes() {
+    timeout 120 python3 tools/depthwise_shapes_probe.py "$RESULTS/depthwise-shapes.json" ghostnet_100 >>"$LOG" 2>&1
+    echo "depthwise shapes probe: $?" >>"$LOG"
 }
 
 probe() {
