@@ -211,7 +211,7 @@ def _attention(node, args, w):
     return F.scaled_dot_product_attention(args[0], args[1], args[2], attn_mask=bias, scale=a.scale)
 
 
-def _scale(node, w) -> torch.Tensor:
+def _quantization_scale(node, w) -> torch.Tensor:
     """A quantize/dequantize scale (float32), shaped to broadcast along the node's axis."""
     a = node.attrs
     if a.axis is None:
@@ -224,12 +224,12 @@ def _scale(node, w) -> torch.Tensor:
 @lowering(OpKind.QUANTIZE)
 def _quantize(node, args, w):
     # Divided in float32 whatever the input's dtype, as TensorRT's quantize computes.
-    return precision_of(node.attrs.format).to_grid(args[0].float() / _scale(node, w))
+    return precision_of(node.attrs.format).to_grid(args[0].float() / _quantization_scale(node, w))
 
 
 @lowering(OpKind.DEQUANTIZE)
 def _dequantize(node, args, w):
-    return (args[0].float() * _scale(node, w)).to(TORCH_DTYPES[node.type.dtype])
+    return (args[0].float() * _quantization_scale(node, w)).to(TORCH_DTYPES[node.type.dtype])
 
 
 @dataclass(frozen=True)
