@@ -27,7 +27,6 @@ import torch
 import torch.nn.functional as F
 
 from trtmc.bench.spec import TimingProtocol
-from trtmc.backends.torch_lowering import _pad_if_asymmetric
 from trtmc.bench.timing import CudaEventClock, HostClock, TimedCall, time_interleaved
 from trtmc.build import prepare_graph
 from trtmc.checkpoint import open_checkpoint
@@ -55,7 +54,10 @@ def depthwise_shapes(arch: str) -> dict[tuple, int]:
 def variants(channels, height, width, kernel, stride, padding, batch, device, dtype):
     x = torch.randn(batch, channels, height, width, device=device, dtype=dtype).contiguous(memory_format=torch.channels_last)
     w = torch.randn(channels, 1, kernel, kernel, device=device, dtype=dtype).to(memory_format=torch.channels_last)
-    x_padded, pad = _pad_if_asymmetric(x, padding)  # TF "SAME" padding, as the engine's lowering pads it
+    top, left, bottom, right = padding  # Conv2dAttrs' order; TF "SAME" is asymmetric, padded first as the engine does
+    symmetric = (top, left) == (bottom, right)
+    x_padded = x if symmetric else F.pad(x, (left, right, top, bottom))
+    pad = (top, left) if symmetric else (0, 0)
     conv = lambda inp, s: F.conv2d(inp, w, None, s, pad, 1, channels)  # noqa: E731
     rows = {
         "cl": lambda: conv(x_padded, stride),
