@@ -106,10 +106,10 @@ def summarize(ops):
         if base in ("convolution", "conv2d"):
             w = val(ins[1])
             if base == "convolution":
-                stride, padding, dilation, transposed, outpad, groups = n.args[3:9]
+                stride, _, dilation, _, _, groups = n.args[3:9]
             else:
                 a = list(n.args) + [None] * 7
-                stride, padding, dilation, groups = a[3] or (1, 1), a[4] or (0, 0), a[5] or (1, 1), a[6] or 1
+                stride, dilation, groups = a[3] or (1, 1), a[5] or (1, 1), a[6] or 1
             cin = val(ins[0]).shape[1]
             dense = "dw" if groups == cin and groups > 1 else ("grouped" if groups > 1 else "dense")
             convs[(tuple(w.shape[2:]), tuple(stride), tuple(dilation), f"g={groups}({dense})", dt(val(ins[0])), layout(val(ins[0])))] += 1

@@ -60,8 +60,9 @@ PIXEL_COLUMNS = ("image", "crop")
 _READ_IMAGES = "ray.data.read_images(..., mode='RGB')"
 
 
-def _rows(batch: dict[str, Any]) -> int:
-    return len(next(iter(batch.values()), []))
+def _without_pixels(batch: dict[str, Any]) -> dict[str, Any]:
+    """The batch's other columns (`path`, ids, ...), as both stages pass them on."""
+    return {name: column for name, column in batch.items() if name not in PIXEL_COLUMNS}
 
 
 def crop_batch(spec: PreprocessSpec, batch: dict[str, Any]) -> np.ndarray:
@@ -107,10 +108,7 @@ class CropImages:
         )
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
-        crops = crop_batch(self.preprocess, batch)
-        out = {name: column for name, column in batch.items() if name not in PIXEL_COLUMNS}
-        out["crop"] = crops
-        return out
+        return {**_without_pixels(batch), "crop": crop_batch(self.preprocess, batch)}
 
 
 class ClassifyBatch:
@@ -144,16 +142,17 @@ class ClassifyBatch:
                "the 'image' column instead")
         crops = np.asarray(column)
         if crops.dtype == object:  # a ragged column arrives as an object array of arrays
-            shapes = sorted({(np.asarray(c).dtype.name, np.asarray(c).shape) for c in column}, key=str)
+            arrays = [np.asarray(c) for c in column]
+            shapes = sorted({(a.dtype.name, a.shape) for a in arrays}, key=str)
             if len(shapes) > 1:
                 raise InvalidInput(f"the 'crop' column holds crops of {len(shapes)} shapes ({shapes[:3]}); {fix}")
-            crops = np.stack([np.asarray(c) for c in column])
+            crops = np.stack(arrays)
         if crops.dtype != np.uint8 or crops.shape[1:] != wanted:
             raise InvalidInput(f"the 'crop' column holds {crops.dtype} {crops.shape}; {fix}")
         return crops
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
-        if not _rows(batch):
+        if not len(next(iter(batch.values()), [])):
             raise InvalidInput("an empty batch")
         # Normalized where the engine runs, the whole batch at once (as trtmc.pipeline does): the same
         # float32 operations as the task's, so the same logits. A crop column from Ray's object store is
@@ -163,7 +162,7 @@ class ClassifyBatch:
         logits = self.runtime.logits(self.runtime.preprocess.normalize_bytes(pixels))
         scores = ClassScores(logits, self.runtime.label_names, self.runtime.label_descriptions)
         top = scores.top(self.top_k)
-        out = {name: column for name, column in batch.items() if name not in PIXEL_COLUMNS}
+        out = _without_pixels(batch)
         out["logits"] = logits
         out["top_indices"] = np.array([[t.index for t in row] for row in top], dtype=np.int64)
         out["top_scores"] = np.array([[t.score for t in row] for row in top], dtype=np.float32)
