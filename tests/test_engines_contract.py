@@ -256,6 +256,24 @@ def test_the_uncompiled_engine_reads_channels_last_pixels_as_contiguous_ones(gra
     assert torch.equal(engine(x.contiguous(memory_format=torch.channels_last)), engine(x))
 
 
+def test_the_uncompiled_engine_runs_grouped_convolutions_with_cudnn_off_and_dense_ones_with_it(monkeypatch):
+    # cuDNN's first call of each depthwise shape costs ~0.2 s on the H200: a quick start leaves them to PyTorch.
+    g = GraphBuilder()
+    x = g.input("x", (1, *CHW))
+    y = g.conv2d(x, "stem.conv", np.ones((8, 3, 3, 3)), stride=2, padding=1)
+    g.output(g.conv2d(y, "blocks.dw", np.ones((8, 1, 3, 3)), padding=1, groups=8))
+    engine = UncompiledCudaEngine(assign_precision(g.finish(), PrecisionPolicy("fp32")), "cpu", MAX_BATCH)
+    seen, conv2d = [], torch.conv2d
+
+    def recording(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+        seen.append((groups, torch.backends.cudnn.enabled))
+        return conv2d(x, weight, bias, stride, padding, dilation, groups)
+
+    monkeypatch.setattr(torch, "conv2d", recording)
+    engine(pixels(1, seed=0, device="cpu"))
+    assert seen == [(1, True), (8, False)]
+
+
 def test_the_cuda_engines_round_the_pixels_to_the_graphs_precision_as_they_copy_them():
     # An fp16 graph's only use of its float32 input is the cast to fp16: the engine's own copy of the
     # pixels rounds them instead (the same rounding), and the cast inside the graph has nothing left to do.

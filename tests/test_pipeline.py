@@ -39,6 +39,29 @@ def test_every_file_gets_the_logits_the_task_gives_it_alone_in_input_order(runti
         assert result.ok and np.abs(result.logits - alone).max() <= 1e-6 * np.abs(alone).max(), path.name
 
 
+@pytest.mark.parametrize("workers", [1, 2])  # decode threads, then forked processes writing into shared slots
+def test_resizing_on_the_device_gives_every_file_the_bytes_and_logits_of_resizing_in_the_workers(runtime, tmp_path,
+                                                                                              workers):
+    broken = tmp_path / "broken.jpg"
+    broken.write_bytes(b"not a jpeg")
+    paths = [*PHOTOS[:6], broken, *PHOTOS[6:]]
+    by_workers = list(classify_files(runtime, paths, PipelineOptions(batch_size=4, workers=workers, resize_on="workers")))
+    on_device = list(classify_files(runtime, paths, PipelineOptions(batch_size=4, workers=workers, resize_on="device")))
+    assert [r.image for r in on_device] == [str(p) for p in paths]
+    for a, b in zip(by_workers, on_device):
+        assert a.error == b.error
+        # The same crops (trtmc.resample reproduces Pillow byte for byte) and the same batches: the same bits.
+        assert a.ok == b.ok and (not a.ok or np.array_equal(a.logits, b.logits)), a.image
+
+
+def test_an_image_larger_than_a_slot_is_cropped_by_its_worker(runtime):
+    big = PHOTOS[0]  # 512 x 512 and larger photos do not fit slots of 100 x 100 pixels
+    options = PipelineOptions(batch_size=4, workers=2, resize_on="device", slot_pixels=100 * 100)
+    [result] = list(classify_files(runtime, [big], options))
+    alone = image_to_class_scores(runtime, [str(big)]).logits[0]
+    assert result.ok and np.abs(result.logits - alone).max() <= 1e-6 * np.abs(alone).max()
+
+
 def test_a_batch_holding_only_unreadable_files_still_reports_each(runtime, tmp_path):
     bad = [tmp_path / f"bad{i}.png" for i in range(5)]
     for path in bad:
@@ -75,6 +98,11 @@ def test_one_photo_is_decoded_without_starting_a_pool_of_processes(runtime):
 
     assert children_while_streaming([PHOTOS[0]], workers=4) == []
     assert len(children_while_streaming(PHOTOS[:8], workers=2)) == 2  # the check above can fail
+
+
+def test_an_unknown_place_to_resize_is_refused_with_the_choices(runtime):
+    with pytest.raises(ValueError, match="--resize-on must be one of auto, device, workers, got 'gpu'"):
+        next(classify_files(runtime, PHOTOS, PipelineOptions(resize_on="gpu")))
 
 
 def test_a_batch_size_beyond_the_engine_is_refused_with_the_fix(runtime):

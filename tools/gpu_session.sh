@@ -7,11 +7,13 @@
 #                caches (a user's first run on a new machine: only the bundle's caches): the quick start (the
 #                default) for lite0 twice, ghostnet_100 and resnet50, then lite0 `--compiled` for comparison
 #   folders      `trtmc classify` over 2,002 and 20,000 photos (the 22 repo photos linked round-robin), then the
-#                2,002 with `--compiled`
+#                2,002 with `--compiled` and with `--resize-on workers`
 #   firstcall    tools/first_call_probe.py: the quick start's first uncompiled call profiled, with cuDNN and with
 #                the depthwise convolutions on PyTorch's own kernels, for the three bundles of `bundles`
 #   dwshapes     tools/depthwise_shapes_probe.py: ghostnet_100's depthwise convolutions one by one, batch 1 and
 #                128, eager: cuDNN's kernel for each, channels-last against NCHW and against stride-1 + subsample
+#   resizecheck  tools/device_resize_check.py: the folder pipeline's GPU resize against its worker resize (logits
+#                bit for bit on the photos and noise of awkward sizes, page-locked slots, images/s over 2,002 files)
 #   probe        tools/pipeline_probe.py on the 2,002 photos: decoding alone and the whole pipeline, profiled
 #   folderbench  the folder scope of `trtmc bench` (2,002 and 20,000 files, trtmc against timm + DataLoader +
 #                torch.compile) and Ray Data over the 2,002 files (tools/folder_bench.py), with Ray from
@@ -107,6 +109,8 @@ folders() {
     done
     measure "folder-lite0-2002-compiled" timeout 150 python3 -m trtmc -v classify "$WORK/lite0.bundle" \
         "$WORK/photos-2002" --top-k 1 --output "$WORK/scores-2002-compiled.csv" --compiled
+    measure "folder-lite0-2002-resize-on-workers" timeout 150 python3 -m trtmc -v classify "$WORK/lite0.bundle" \
+        "$WORK/photos-2002" --top-k 1 --output "$WORK/scores-2002-workers.csv" --resize-on workers
     head -3 "$WORK/scores-2002.csv" >>"$LOG"
 }
 
@@ -123,6 +127,12 @@ firstcall() {  # the quick start's first call, profiled, with cuDNN and without 
 dwshapes() {
     timeout 120 python3 tools/depthwise_shapes_probe.py "$RESULTS/depthwise-shapes.json" ghostnet_100 >>"$LOG" 2>&1
     echo "depthwise shapes probe: $?" >>"$LOG"
+}
+
+resizecheck() {
+    timeout 200 python3 tools/device_resize_check.py "$WORK/lite0.bundle" "$RESULTS/resize-check.json" "$WORK/photos-2002" \
+        >>"$LOG" 2>&1
+    echo "resize check: $?" >>"$LOG"
 }
 
 probe() {

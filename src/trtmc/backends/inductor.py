@@ -10,7 +10,9 @@ with static input and output buffers (the caller gets a copy of the output, neve
 
 A quick start (`LoadOptions(quick_start=True)`, `trtmc classify`'s default) skips all of that on
 CUDA: `UncompiledCudaEngine` runs the same FX graph uncompiled (same ops and dtypes, any batch
-1..max_batch), without importing Dynamo or Inductor. Loading the caches and compiling at the first
+1..max_batch), without importing Dynamo or Inductor, and with cuDNN off for grouped (depthwise)
+convolutions: cuDNN's first use of a depthwise shape costs ~0.2 s (run 8), so ghostnet_100's first
+call took 4.5 s with it and 0.41 s without, lite0's 2.3 s and 0.33 s (run 9). Loading the caches and compiling at the first
 call take about 15 s on a GPU, which a run bound by image decoding never wins back. The CPU package
 is compiled code already and loads as always.
 """
@@ -295,7 +297,28 @@ class UncompiledCudaEngine(EngineBase):
         super().__init__(PixelSpec.of(graph, device), Batching.up_to(max_batch))
         # As `_compile_cuda` prepares it, minus the compile; nothing here imports Dynamo or Inductor.
         self._feed = feed_dtype(graph)  # once: the graph does not change between calls
-        self._module = channels_last_weights(to_fx(graph, quantized_gemms=True).eval().to(device), graph)
+        module = channels_last_weights(to_fx(graph, quantized_gemms=True).eval().to(device), graph)
+        self._module = grouped_convolutions_without_cudnn(module)
 
     def _forward(self, pixels: torch.Tensor) -> torch.Tensor:
         return self._module(_cuda_feed(pixels, self._feed))
+
+
+def _conv2d_without_cudnn_if_grouped(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    if groups == 1:
+        return torch.conv2d(x, weight, bias, stride, padding, dilation, groups)
+    with torch.backends.cudnn.flags(enabled=False):
+        return torch.conv2d(x, weight, bias, stride, padding, dilation, groups)
+
+
+def grouped_convolutions_without_cudnn(module: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """`module` (from `to_fx`, run uncompiled) with every grouped convolution on PyTorch's own CUDA
+    kernels instead of cuDNN's, whose first call of each depthwise shape picks a kernel for ~0.2 s.
+    Measured on the H200 (run 9, `tools/first_call_probe.py`, fp16 channels-last): first calls 4.54 ->
+    0.41 s (ghostnet_100), 2.26 -> 0.33 s (lite0); a warm batch of 64 slower, 5.3 -> 6.4 ms and 4.4 ->
+    6.6 ms, ~10,000 images/s, still far above what decoding feeds a folder run."""
+    for node in module.graph.nodes:
+        if node.op == "call_function" and node.target in (torch.conv2d, torch.nn.functional.conv2d):
+            node.target = _conv2d_without_cudnn_if_grouped
+    module.recompile()
+    return module

@@ -64,6 +64,10 @@ def add(sub) -> None:
                         "score and label for each of the top-k, then error); written atomically")
     p.add_argument("--batch-size", type=int, metavar="N", help="images per engine call (default: the engine's largest)")
     p.add_argument("--workers", type=int, metavar="N", help="decoding processes (default: one per CPU this process may use)")
+    p.add_argument("--resize-on", choices=("auto", "device", "workers"), default="auto",
+                   help="where images are resized: 'device' (workers only decode; the engine's device resizes with "
+                        "Pillow's exact arithmetic, the same pixels as timm), 'workers' (the decoding processes "
+                        "resize and crop), 'auto' (device on a CUDA engine, else workers)")
     p.add_argument("--engine", metavar="NAME",
                    help=f"use this engine: a backend ({', '.join(BACKENDS)}) or an engine key from `trtmc inspect`; "
                         "default: the first that runs here")
@@ -185,7 +189,7 @@ def run(args) -> int:
     if not specs:
         raise ValueError("no images given: list image files, folders, @FILE lists or globs after the bundle")
     paths = expand_images(specs)  # a missing file or empty folder stops here, before any engine loads
-    options = PipelineOptions(batch_size=args.batch_size, workers=args.workers)
+    options = PipelineOptions(batch_size=args.batch_size, workers=args.workers, resize_on=args.resize_on)
     options.validate()
     from ..bundle import read_bundle
     from ..runtime import LoadOptions, Runtime
