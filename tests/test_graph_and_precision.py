@@ -226,3 +226,24 @@ def test_an_unmatched_fp32_layers_pattern_stops_the_build_with_one_line(tmp_path
     assert result.returncode == 1
     assert result.stderr.count("\n") == 1 and "'blocks.99.*' matches no op" in result.stderr
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "kernel, stride, padding, dilation, bias",
+    [(3, 1, 1, 1, True), (3, 2, (0, 0, 1, 1), 1, False), (5, 2, (1, 1, 2, 2), 1, True), (3, 1, 2, 2, True), (7, 1, 3, 1, False)],
+)
+def test_depthwise_taps_compute_the_depthwise_convolution(kernel, stride, padding, dilation, bias):
+    # The CUDA engine's fusable form of a depthwise convolution: shifted views of the padded input times one
+    # weight per channel, summed. TF "SAME" (asymmetric) padding, strides and dilation take every slice branch.
+    rng = np.random.default_rng(kernel + stride)
+    g = GraphBuilder()
+    x = g.input("pixels", (1, 6, 15, 13))
+    y = g.conv2d(x, "blocks.0.conv_dw", rng.standard_normal((6, 1, kernel, kernel)),
+                 rng.standard_normal(6) if bias else None, stride=stride, padding=padding, dilation=dilation, groups=6)
+    g.output(g.conv2d(y, "blocks.0.conv_pw", rng.standard_normal((4, 6, 1, 1))))
+    graph = assign_precision(g.finish(), PrecisionPolicy("fp32"))
+    pixels = torch.from_numpy(rng.standard_normal((2, 6, 15, 13)).astype(np.float32))
+    taps = GraphModule(graph, depthwise_taps=True)
+    assert taps._taps == {"blocks.0.conv_dw"}  # the depthwise op only, not the 1x1
+    expected = GraphModule(graph)(pixels)
+    assert torch.allclose(taps(pixels), expected, rtol=1e-5, atol=1e-5)

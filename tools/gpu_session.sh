@@ -14,6 +14,8 @@
 #                128, eager: cuDNN's kernel for each, channels-last against NCHW and against stride-1 + subsample
 #   resizecheck  tools/device_resize_check.py: the folder pipeline's GPU resize against its worker resize (logits
 #                bit for bit on the photos and noise of awkward sizes, page-locked slots, images/s over 2,002 files)
+#   taps         tools/depthwise_taps_probe.py: depthwise convolutions as fused taps against cuDNN's, ghostnet_100 and
+#                efficientnet_b0 at batch 1 and 128 (compiled in parallel first, then timed one model at a time)
 #   probe        tools/pipeline_probe.py on the 2,002 photos: decoding alone and the whole pipeline, profiled
 #   folderbench  the folder scope of `trtmc bench` (2,002 and 20,000 files, trtmc against timm + DataLoader +
 #                torch.compile) and Ray Data over the 2,002 files (tools/folder_bench.py), with Ray from
@@ -133,6 +135,20 @@ resizecheck() {
     timeout 200 python3 tools/device_resize_check.py "$WORK/lite0.bundle" "$RESULTS/resize-check.json" "$WORK/photos-2002" \
         >>"$LOG" 2>&1
     echo "resize check: $?" >>"$LOG"
+}
+
+taps() {
+    local archs="ghostnet_100 efficientnet_b0"
+    for arch in $archs; do
+        TORCHINDUCTOR_COMPILE_THREADS=8 timeout 240 python3 tools/depthwise_taps_probe.py "$RESULTS/taps" "$arch" \
+            --compile-only >"$WORK/taps-compile-$arch.log" 2>&1 &
+    done
+    wait
+    tail -3 "$WORK"/taps-compile-*.log >>"$LOG"
+    for arch in $archs; do
+        timeout 150 python3 tools/depthwise_taps_probe.py "$RESULTS/taps" "$arch" >>"$LOG" 2>&1
+        echo "taps $arch: $?" >>"$LOG"
+    done
 }
 
 probe() {

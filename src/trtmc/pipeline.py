@@ -32,6 +32,7 @@ import itertools
 import logging
 import multiprocessing
 import os
+import time
 from collections import deque
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -358,13 +359,17 @@ def classify_files(
     slots = Slots(window + group + 2 * size, options.slot_pixels) if _resize_on_device(runtime, options, workers) else None
     runner = _Runner(runtime, size, slots)
     try:
-        yield from _stream(runner, _decoder(options, workers, slots), iter(paths), group, window)
+        yield from _stream(runner, _decoder(options, workers, slots), iter(paths), group, window, workers)
     finally:
         if slots is not None:
+            started = time.perf_counter()
             slots.close()
+            log.info("decode slots released in %.2f s", time.perf_counter() - started)
 
 
-def _stream(runner: _Runner, pool: Executor, source: Iterator, group: int, window: int) -> Iterator[FileResult]:
+def _stream(
+    runner: _Runner, pool: Executor, source: Iterator, group: int, window: int, workers: int
+) -> Iterator[FileResult]:
     slots = runner.slots
     with pool:
         pending: deque[tuple[list[str], list[int] | None, Future]] = deque()
@@ -380,10 +385,16 @@ def _stream(runner: _Runner, pool: Executor, source: Iterator, group: int, windo
                 pending.append((names, taken, pool.submit(_decode_files, runner.runtime.preprocess, names, taken)))
                 queued += len(names)
 
+        started = time.perf_counter()
         refill()
+        log.info("decoding: %d %s started in %.2f s, resizing on %s", workers,
+                 "threads" if isinstance(pool, ThreadPoolExecutor) else "processes", time.perf_counter() - started,
+                 "the device" if slots is not None else "the decoders")
         if slots is not None and runner.cuda:  # the workers forked at the first submission: page-lock the slots now
+            started = time.perf_counter()
             pinned = slots.pin()
-            log.debug("decode slots %s", "page-locked" if pinned else "left pageable (cudaHostRegister refused)")
+            log.info("decode slots: %d MB %s in %.2f s", slots.bytes >> 20,
+                     "page-locked" if pinned else "left pageable (cudaHostRegister refused)", time.perf_counter() - started)
         previous: _Batch | None = None
         batch = runner.new_batch()
         while pending:
@@ -409,3 +420,5 @@ def _stream(runner: _Runner, pool: Executor, source: Iterator, group: int, windo
         if previous is not None:
             yield from runner.results(previous)
         yield from runner.results(batch)
+        started = time.perf_counter()
+    log.info("decoding: workers stopped in %.2f s", time.perf_counter() - started)

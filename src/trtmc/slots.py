@@ -41,6 +41,10 @@ class Slots:
     # ---- in the main process ----
 
     @property
+    def bytes(self) -> int:
+        return len(self._mapping)
+
+    @property
     def free(self) -> int:
         return len(self._free)
 

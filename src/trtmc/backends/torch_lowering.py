@@ -333,21 +333,54 @@ def _conv2d_half_via_fp32(node, args, w):
     return F.conv2d(x, weight, bias, a.stride, padding, a.dilation, a.groups).to(args[0].dtype)
 
 
+def _is_depthwise(node: Node, graph: Graph) -> bool:
+    """A convolution with one stored 2-D kernel per channel (weight [C, 1, kh, kw], groups = C)."""
+    a = node.attrs
+    if node.kind is not OpKind.CONV2D or a.weight is None:
+        return False
+    shape = graph.weights[a.weight].shape
+    return shape[1] == 1 and a.groups == shape[0] > 1
+
+
+def _depthwise_taps(node, args, w):
+    """A depthwise convolution as the sum of its kernel's shifted taps, each a strided view of the padded
+    input times one weight per channel: pointwise ops that Inductor fuses into one Triton kernel with
+    the ops around it, where an extern cuDNN call fuses with nothing. Shapes come from the graph (FX
+    traces proxies)."""
+    a = node.attrs
+    top, left, bottom, right = a.padding
+    x = F.pad(args[0], (left, right, top, bottom)) if any(a.padding) else args[0]
+    weight = w(a.weight)  # [C, 1, kh, kw]
+    kh, kw = weight.shape[2], weight.shape[3]
+    (sh, sw), (dh, dw) = a.stride, a.dilation
+    out_h, out_w = node.type.shape[2], node.type.shape[3]
+    out = None
+    for i in range(kh):
+        for j in range(kw):
+            tap = x[:, :, i * dh : i * dh + (out_h - 1) * sh + 1 : sh, j * dw : j * dw + (out_w - 1) * sw + 1 : sw]
+            term = tap * weight[:, 0, i, j].reshape(1, -1, 1, 1)
+            out = term if out is None else out + term
+    return out + w(a.bias).reshape(1, -1, 1, 1) if a.bias else out
+
+
 class GraphModule(torch.nn.Module):
     """Runs a graph op by op; the weights are buffers in the dtype of the node that reads them.
 
     `half_convolutions_in_fp32` selects `_conv2d_half_via_fp32` for fp16/bf16 convolutions (CPU
     reference runs); engines never set it. `quantized_gemms` runs the ops `find_quantized_gemms(graph)`
     finds as FP8 or INT8 GEMMs instead of convolutions of dequantized values (same numbers up to the
-    summation order, checked on the CPU); the CUDA inductor engine sets it.
+    summation order, checked on the CPU); the CUDA inductor engine sets it. `depthwise_taps` runs
+    depthwise convolutions as sums of shifted taps (`_depthwise_taps`), for Inductor to fuse.
     """
 
     def __init__(
-        self, graph: Graph, *, half_convolutions_in_fp32: bool = False, quantized_gemms: bool = False
+        self, graph: Graph, *, half_convolutions_in_fp32: bool = False, quantized_gemms: bool = False,
+        depthwise_taps: bool = False,
     ) -> None:
         super().__init__()
         self.half_convolutions_in_fp32 = half_convolutions_in_fp32
         self._gemms = find_quantized_gemms(graph) if quantized_gemms else {}
+        self._taps = {n.name for n in graph.nodes if _is_depthwise(n, graph)} if depthwise_taps else set()
         missing = [k.value for k in OpKind if k not in LOWERINGS]
         if missing:
             raise NotImplementedError(f"no torch lowering for {', '.join(missing)}")
@@ -384,6 +417,8 @@ class GraphModule(torch.nn.Module):
             lower = LOWERINGS[node.kind]
             if self.half_convolutions_in_fp32 and node.kind is OpKind.CONV2D and node.type.dtype is not DType.F32:
                 lower = _conv2d_half_via_fp32
+            if node.name in self._taps:
+                lower = _depthwise_taps
             if node.name in self._gemms:
                 gemm = self._gemms[node.name]
                 args, lower = [values[gemm.activation], values[gemm.weight]], functools.partial(_quantized_gemm, gemm)
@@ -392,9 +427,9 @@ class GraphModule(torch.nn.Module):
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
 
-def to_fx(graph: Graph, *, quantized_gemms: bool = False) -> torch.fx.GraphModule:
+def to_fx(graph: Graph, *, quantized_gemms: bool = False, depthwise_taps: bool = False) -> torch.fx.GraphModule:
     """A flat FX graph of the whole network (the op-by-op loop unrolled by tracing)."""
-    return torch.fx.symbolic_trace(GraphModule(graph, quantized_gemms=quantized_gemms))
+    return torch.fx.symbolic_trace(GraphModule(graph, quantized_gemms=quantized_gemms, depthwise_taps=depthwise_taps))
 
 
 # The ops whose 4-D constants are convolution weights, or become them (a quantized weight's dequantize).

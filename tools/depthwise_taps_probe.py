@@ -1,0 +1,83 @@
+"""Depthwise convolutions as sums of shifted taps that Inductor fuses, against cuDNN's, on the GPU (issue 12).
+
+    PYTHONPATH=src python3 tools/depthwise_taps_probe.py OUT_DIR ARCH... [--batch N ...] [--compile-only]
+
+For each architecture (random weights, fp16, the graph `trtmc build` prepares) and batch size, compiles the
+graph as the CUDA inductor engine does twice: as the engine runs it (each depthwise convolution one extern
+cuDNN call, which Inductor cannot fuse into), and with `to_fx(..., depthwise_taps=True)` (each one a sum of
+shifted taps, pointwise ops fused with the bias, activation and concatenation around them). Each is replayed
+in a CUDA graph; all rows of an architecture are timed interleaved with the bench's protocol; the kernels of
+one replay are counted; the two outputs on the same pixels are compared. `--compile-only` compiles and exits
+(run one per architecture in parallel first: Inductor's disk caches then make the timed run's compiles warm).
+Writes OUT_DIR/ARCH.json and prints one line per row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from trtmc.backends.torch_lowering import to_fx
+from trtmc.bench.spec import TimingProtocol
+from trtmc.bench.timing import CudaEventClock, TimedCall, time_interleaved
+from trtmc.build import prepare_graph
+from trtmc.checkpoint import open_checkpoint
+from trtmc.passes.precision import PrecisionPolicy, assign_precision
+from trtmc.random_weights import save_random_checkpoint
+
+from probe_common import engine_replay, kernels
+
+VARIANTS = {"cudnn depthwise (the engine)": False, "depthwise taps": True}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("archs", nargs="+")
+    parser.add_argument("--batch", type=int, action="append")
+    parser.add_argument("--compile-only", action="store_true")
+    args = parser.parse_args()
+    for arch in args.archs:
+        probe(arch, args.batch or [1, 128], args.out, args.compile_only)
+
+
+def probe(arch: str, batches: list[int], out: Path, compile_only: bool) -> None:
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        prepared = prepare_graph(open_checkpoint(save_random_checkpoint(arch, Path(tmp) / arch)), "fp32")
+    graph = assign_precision(prepared.graph, PrecisionPolicy("fp16"))
+    replays, outputs, first_calls = {}, {}, {}
+    for batch in batches:
+        for name, taps in VARIANTS.items():
+            module = to_fx(graph, quantized_gemms=True, depthwise_taps=taps)
+            replays[name, batch], outputs[name, batch], first_calls[name, batch] = engine_replay(module, graph, batch)
+            print(f"{arch} b{batch} {name}: compiled ({time.perf_counter() - started:.0f} s)", flush=True)
+    if compile_only:
+        return
+    outcome = time_interleaved({k: TimedCall(r, CudaEventClock()) for k, r in replays.items()}, TimingProtocol())
+    rows = []
+    for (name, batch), replay in replays.items():
+        timing = outcome.timings[name, batch]
+        reference = outputs["cudnn depthwise (the engine)", batch].float()
+        table = kernels(replay)
+        rows.append({
+            "variant": name, "batch": batch, "median_ms": round(timing.median_ms, 4),
+            "spread": round(timing.spread, 4), "stable": timing.stable,
+            "kernels": sum(r["count"] for r in table), "kernel_us": round(sum(r["us"] for r in table), 1),
+            "max_diff_vs_engine": float((outputs[name, batch].float() - reference).abs().max() / reference.abs().max()),
+            "first_three_calls_s": round(first_calls[name, batch], 2), "top": table[:12],
+        })
+        r = rows[-1]
+        print(f"{arch} b{batch} {name}: {r['median_ms']} ms (spread {r['spread']:.1%}), {r['kernels']} kernels, "
+              f"diff {r['max_diff_vs_engine']:.1e}", flush=True)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{arch}.json").write_text(json.dumps({"arch": arch, "torch": torch.__version__, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
