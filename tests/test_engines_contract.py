@@ -274,6 +274,25 @@ def test_the_uncompiled_engine_runs_grouped_convolutions_with_cudnn_off_and_dens
     assert seen == [(1, True), (8, False)]
 
 
+@pytest.mark.slow
+def test_the_compiled_cuda_module_compiles_one_module_per_set_of_depthwise_taps():
+    # Batch 1 runs the wide depthwise convolution as taps, batch 4 leaves it to cuDNN: two compiled modules, the
+    # batch sizes sharing a set share a module. torch.compile runs on the CPU too, which is what this checks.
+    from trtmc.backends.inductor import _compile_cuda
+
+    g = GraphBuilder()
+    x = g.input("x", (1, *CHW))
+    y = g.conv2d(x, "stem.conv", np.full((32, 3, 3, 3), 0.1), padding=1)
+    g.output(g.conv2d(y, "blocks.dw", np.full((32, 1, 3, 3), 0.2), padding=1, groups=32))
+    graph = assign_precision(g.finish(), PrecisionPolicy("fp32"))
+    compiled, reference = _compile_cuda(graph), ReferenceEngine(graph, "cpu", Batching.up_to(4))
+    for batch in (1, 4, 2):
+        x = pixels(batch, seed=batch, device="cpu")
+        with torch.no_grad():
+            assert torch.allclose(compiled(x), reference(x), rtol=1e-4, atol=1e-4)
+    assert len(compiled._by_taps) == 2 and compiled._by_batch[2] is compiled._by_batch[4]
+
+
 def test_the_cuda_engines_round_the_pixels_to_the_graphs_precision_as_they_copy_them():
     # An fp16 graph's only use of its float32 input is the cast to fp16: the engine's own copy of the
     # pixels rounds them instead (the same rounding), and the cast inside the graph has nothing left to do.

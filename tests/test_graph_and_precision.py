@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from trtmc.backends.torch_lowering import LOWERINGS, TORCH_DTYPES, GraphModule
+from trtmc.backends.torch_lowering import LOWERINGS, TORCH_DTYPES, GraphModule, depthwise_taps_nodes
 from trtmc.graph import Activation, DType, Graph, GraphError, OpKind
 from trtmc.graph_builder import GraphBuilder
 from trtmc.passes.precision import PrecisionPolicy, UnmatchedOverride, assign_precision
@@ -243,7 +243,25 @@ def test_depthwise_taps_compute_the_depthwise_convolution(kernel, stride, paddin
     g.output(g.conv2d(y, "blocks.0.conv_pw", rng.standard_normal((4, 6, 1, 1))))
     graph = assign_precision(g.finish(), PrecisionPolicy("fp32"))
     pixels = torch.from_numpy(rng.standard_normal((2, 6, 15, 13)).astype(np.float32))
-    taps = GraphModule(graph, depthwise_taps=True)
+    taps = GraphModule(graph, depthwise_taps=depthwise_taps_nodes(graph, 1))
     assert taps._taps == {"blocks.0.conv_dw"}  # the depthwise op only, not the 1x1
     expected = GraphModule(graph)(pixels)
     assert torch.allclose(taps(pixels), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_the_cuda_engine_runs_depthwise_convolutions_as_taps_where_the_h200_measured_them_faster():
+    # Batch 1: every depthwise convolution but one feeding a squeeze-excite mean (fused into its reduction, the
+    # taps ran slowly); larger batches: only the narrow ones cuDNN runs with its slow direct kernel.
+    rng = np.random.default_rng(0)
+    g = GraphBuilder()
+    x = g.input("pixels", (1, 8, 16, 16))
+    narrow = g.conv2d(x, "narrow_dw", rng.standard_normal((8, 1, 3, 3)), padding=1, groups=8)
+    wide = g.conv2d(g.conv2d(narrow, "expand", rng.standard_normal((32, 8, 1, 1))), "wide_dw",
+                    rng.standard_normal((32, 1, 3, 3)), padding=1, groups=32)
+    excited = g.conv2d(wide, "se_dw", rng.standard_normal((32, 1, 3, 3)), padding=1, groups=32)
+    excited = g.activation(excited, Activation.SILU, "se_dw.act")
+    gate = g.activation(g.reduce(excited, "se.pool", "mean", (2, 3), keepdim=True), Activation.SIGMOID, "se.gate")
+    g.output(g.mul(excited, gate, "se.mul"))
+    graph = assign_precision(g.finish(), PrecisionPolicy("fp32"))
+    assert depthwise_taps_nodes(graph, 1) == {"narrow_dw", "wide_dw"}
+    assert depthwise_taps_nodes(graph, 128) == {"narrow_dw"}

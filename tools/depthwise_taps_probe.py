@@ -3,9 +3,10 @@
     PYTHONPATH=src python3 tools/depthwise_taps_probe.py OUT_DIR ARCH... [--batch N ...] [--compile-only]
 
 For each architecture (random weights, fp16, the graph `trtmc build` prepares) and batch size, compiles the
-graph as the CUDA inductor engine does twice: as the engine runs it (each depthwise convolution one extern
-cuDNN call, which Inductor cannot fuse into), and with `to_fx(..., depthwise_taps=True)` (each one a sum of
-shifted taps, pointwise ops fused with the bias, activation and concatenation around them). Each is replayed
+graph as the CUDA inductor engine does three times: each depthwise convolution one extern cuDNN call (which
+Inductor cannot fuse into); every one not feeding a reduction as a sum of shifted taps (pointwise ops fused with
+the bias, activation and concatenation around them); and the engine's choice at that batch size
+(`depthwise_taps_nodes`). Each is replayed
 in a CUDA graph; all rows of an architecture are timed interleaved with the bench's protocol; the kernels of
 one replay are counted; the two outputs on the same pixels are compared. `--compile-only` compiles and exits
 (run one per architecture in parallel first: Inductor's disk caches then make the timed run's compiles warm).
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from trtmc.backends.torch_lowering import to_fx
+from trtmc.backends.torch_lowering import depthwise_taps_nodes, to_fx
 from trtmc.bench.spec import TimingProtocol
 from trtmc.bench.timing import CudaEventClock, TimedCall, time_interleaved
 from trtmc.build import prepare_graph
@@ -32,7 +33,13 @@ from trtmc.random_weights import save_random_checkpoint
 
 from probe_common import engine_replay, kernels
 
-VARIANTS = {"cudnn depthwise (the engine)": False, "depthwise taps": True}
+# Which depthwise convolutions run as taps: none (cuDNN's, the engine until run 9), every one not feeding a
+# reduction (batch 1's choice, run 9's "depthwise taps" rows), and the engine's choice at the row's batch size.
+VARIANTS = {
+    "cudnn depthwise": lambda graph, batch: frozenset(),
+    "depthwise taps": lambda graph, batch: depthwise_taps_nodes(graph, 1),
+    "the engine": depthwise_taps_nodes,
+}
 
 
 def main() -> None:
@@ -53,8 +60,8 @@ def probe(arch: str, batches: list[int], out: Path, compile_only: bool) -> None:
     graph = assign_precision(prepared.graph, PrecisionPolicy("fp16"))
     replays, outputs, first_calls = {}, {}, {}
     for batch in batches:
-        for name, taps in VARIANTS.items():
-            module = to_fx(graph, quantized_gemms=True, depthwise_taps=taps)
+        for name, choose in VARIANTS.items():
+            module = to_fx(graph, quantized_gemms=True, depthwise_taps=choose(graph, batch))
             replays[name, batch], outputs[name, batch], first_calls[name, batch] = engine_replay(module, graph, batch)
             print(f"{arch} b{batch} {name}: compiled ({time.perf_counter() - started:.0f} s)", flush=True)
     if compile_only:
@@ -63,18 +70,18 @@ def probe(arch: str, batches: list[int], out: Path, compile_only: bool) -> None:
     rows = []
     for (name, batch), replay in replays.items():
         timing = outcome.timings[name, batch]
-        reference = outputs["cudnn depthwise (the engine)", batch].float()
+        reference = outputs["cudnn depthwise", batch].float()
         table = kernels(replay)
         rows.append({
             "variant": name, "batch": batch, "median_ms": round(timing.median_ms, 4),
             "spread": round(timing.spread, 4), "stable": timing.stable,
             "kernels": sum(r["count"] for r in table), "kernel_us": round(sum(r["us"] for r in table), 1),
-            "max_diff_vs_engine": float((outputs[name, batch].float() - reference).abs().max() / reference.abs().max()),
+            "max_diff_vs_cudnn": float((outputs[name, batch].float() - reference).abs().max() / reference.abs().max()),
             "first_three_calls_s": round(first_calls[name, batch], 2), "top": table[:12],
         })
         r = rows[-1]
         print(f"{arch} b{batch} {name}: {r['median_ms']} ms (spread {r['spread']:.1%}), {r['kernels']} kernels, "
-              f"diff {r['max_diff_vs_engine']:.1e}", flush=True)
+              f"diff {r['max_diff_vs_cudnn']:.1e}", flush=True)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{arch}.json").write_text(json.dumps({"arch": arch, "torch": torch.__version__, "rows": rows}, indent=1))
 

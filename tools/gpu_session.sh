@@ -138,13 +138,13 @@ resizecheck() {
 }
 
 taps() {
-    local archs="ghostnet_100 efficientnet_b0"
+    local archs=${TAPS_ARCHS:-"ghostnet_100 efficientnet_b0"}
     for arch in $archs; do
         TORCHINDUCTOR_COMPILE_THREADS=8 timeout 240 python3 tools/depthwise_taps_probe.py "$RESULTS/taps" "$arch" \
             --compile-only >"$WORK/taps-compile-$arch.log" 2>&1 &
     done
     wait
-    tail -3 "$WORK"/taps-compile-*.log >>"$LOG"
+    tail -n 3 "$WORK"/taps-compile-*.log >>"$LOG"
     for arch in $archs; do
         timeout 150 python3 tools/depthwise_taps_probe.py "$RESULTS/taps" "$arch" >>"$LOG" 2>&1
         echo "taps $arch: $?" >>"$LOG"

@@ -342,6 +342,47 @@ def _is_depthwise(node: Node, graph: Graph) -> bool:
     return shape[1] == 1 and a.groups == shape[0] > 1
 
 
+# Ops that pass one tensor on elementwise: Inductor fuses them with their producer whatever follows.
+_ELEMENTWISE_ONE_INPUT = (OpKind.SCALE, OpKind.ACTIVATION, OpKind.CAST)
+
+
+def _feeds_a_reduction(node: Node, consumers: dict[str, list[Node]]) -> bool:
+    """Whether `node`'s output reaches a reduction or pooling through one-input elementwise ops only (a
+    squeeze-excite's mean): Inductor would fuse taps there into the reduction's loop."""
+    for consumer in consumers.get(node.name, []):
+        if consumer.kind in (OpKind.REDUCE, OpKind.POOL2D):
+            return True
+        if consumer.kind in _ELEMENTWISE_ONE_INPUT and _feeds_a_reduction(consumer, consumers):
+            return True
+    return False
+
+
+# Below this many channels cuDNN runs a depthwise convolution with its slow direct kernel at any batch (run 9:
+# ghostnet_100's two 8-channel 3x3 layers at 112x112, batch 128: 271 us each; as taps 84 us).
+TAPS_BELOW_CHANNELS = 16
+
+
+def depthwise_taps_nodes(graph: Graph, batch: int) -> frozenset[str]:
+    """The depthwise convolutions the compiled CUDA engine runs as fused taps (`_depthwise_taps`) at a batch
+    size: at batch 1 every one that does not feed a reduction; at larger batches only those of fewer than
+    `TAPS_BELOW_CHANNELS` channels.
+
+    Measured on the H200 (run 9, tools/depthwise_taps_probe.py, fp16, all depthwise convolutions not
+    feeding a reduction as taps): batch 1 ghostnet_100 0.440 -> 0.348 ms (191 -> 152 kernels) and
+    tf_efficientnet_lite0 0.250 -> 0.212 ms (101 -> 69); batch 128 ghostnet_100 2.71 -> 2.33 ms (the two
+    8-channel layers) but lite0 2.57 -> 3.64 ms (its wide layers run slower as taps than on cuDNN). With every
+    depthwise convolution as taps, efficientnet_b0 went 0.415 -> 0.441 and 3.18 -> 7.63 ms: Inductor fused
+    the taps into its squeeze-excite means, whose reduction loops run them slowly."""
+    consumers: dict[str, list[Node]] = {}
+    for n in graph.nodes:
+        for i in n.inputs:
+            consumers.setdefault(i, []).append(n)
+    taps = [n for n in graph.nodes if _is_depthwise(n, graph) and not _feeds_a_reduction(n, consumers)]
+    if batch > 1:
+        taps = [n for n in taps if graph.weights[n.attrs.weight].shape[0] < TAPS_BELOW_CHANNELS]
+    return frozenset(n.name for n in taps)
+
+
 def _depthwise_taps(node, args, w):
     """A depthwise convolution as the sum of its kernel's shifted taps, each a strided view of the padded
     input times one weight per channel: pointwise ops that Inductor fuses into one Triton kernel with
@@ -369,18 +410,19 @@ class GraphModule(torch.nn.Module):
     `half_convolutions_in_fp32` selects `_conv2d_half_via_fp32` for fp16/bf16 convolutions (CPU
     reference runs); engines never set it. `quantized_gemms` runs the ops `find_quantized_gemms(graph)`
     finds as FP8 or INT8 GEMMs instead of convolutions of dequantized values (same numbers up to the
-    summation order, checked on the CPU); the CUDA inductor engine sets it. `depthwise_taps` runs
-    depthwise convolutions as sums of shifted taps (`_depthwise_taps`), for Inductor to fuse.
+    summation order, checked on the CPU); the CUDA inductor engine sets it. `depthwise_taps` names the
+    depthwise convolutions to run as sums of shifted taps (`_depthwise_taps`), for Inductor to fuse; the
+    compiled CUDA engine passes `depthwise_taps_nodes(graph, batch)`.
     """
 
     def __init__(
         self, graph: Graph, *, half_convolutions_in_fp32: bool = False, quantized_gemms: bool = False,
-        depthwise_taps: bool = False,
+        depthwise_taps: frozenset[str] = frozenset(),
     ) -> None:
         super().__init__()
         self.half_convolutions_in_fp32 = half_convolutions_in_fp32
         self._gemms = find_quantized_gemms(graph) if quantized_gemms else {}
-        self._taps = {n.name for n in graph.nodes if _is_depthwise(n, graph)} if depthwise_taps else set()
+        self._taps = depthwise_taps
         missing = [k.value for k in OpKind if k not in LOWERINGS]
         if missing:
             raise NotImplementedError(f"no torch lowering for {', '.join(missing)}")
@@ -427,7 +469,9 @@ class GraphModule(torch.nn.Module):
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
 
-def to_fx(graph: Graph, *, quantized_gemms: bool = False, depthwise_taps: bool = False) -> torch.fx.GraphModule:
+def to_fx(
+    graph: Graph, *, quantized_gemms: bool = False, depthwise_taps: frozenset[str] = frozenset()
+) -> torch.fx.GraphModule:
     """A flat FX graph of the whole network (the op-by-op loop unrolled by tracing)."""
     return torch.fx.symbolic_trace(GraphModule(graph, quantized_gemms=quantized_gemms, depthwise_taps=depthwise_taps))
 
