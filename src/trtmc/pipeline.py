@@ -248,15 +248,16 @@ class _Batch:
         # with copy_, 1,210 with this.
         self._rows_view = self.pixels.numpy()
 
-    def add(self, image: str, cropped: np.ndarray) -> None:
-        self._rows_view[self.rows] = cropped
+    def _take_row(self, image: str) -> int:
         self.entries.append((image, self.rows, None))
         self.rows += 1
+        return self.rows - 1
+
+    def add(self, image: str, cropped: np.ndarray) -> None:
+        self._rows_view[self._take_row(image)] = cropped
 
     def add_decoded(self, image: str, slot: int, height: int, width: int) -> None:
-        self.decoded.append((self.rows, slot, height, width))
-        self.entries.append((image, self.rows, None))
-        self.rows += 1
+        self.decoded.append((self._take_row(image), slot, height, width))
 
 
 class _Runner:
@@ -295,8 +296,16 @@ class _Runner:
         pixels = self.runtime.preprocess.normalize_bytes(nhwc).to(self.dtype)
         return pixels if self.cuda else pixels.contiguous()
 
-    def _copy(self, host: torch.Tensor) -> torch.Tensor:
-        return host.to("cuda", non_blocking=True) if self.cuda else host
+    def _copying(self):
+        """Where host-to-device copies are issued: the copy stream on CUDA."""
+        return torch.cuda.stream(self.copy_stream) if self.cuda else contextlib.nullcontext()
+
+    def _hand_over(self, tensor: torch.Tensor) -> None:
+        """The compute stream waits for the copies into `tensor`, which it then owns."""
+        if self.cuda:
+            compute = torch.cuda.current_stream()
+            compute.wait_stream(self.copy_stream)
+            tensor.record_stream(compute)
 
     def _resize_decoded(self, batch: _Batch, nhwc: torch.Tensor) -> None:
         """Slot rows, copied to the device by size, resized and cropped there into their rows of `nhwc`
@@ -307,13 +316,11 @@ class _Runner:
         for (height, width), members in by_size.items():
             for start in range(0, len(members), RESIZE_CHUNK):
                 chunk = members[start : start + RESIZE_CHUNK]
-                with torch.cuda.stream(self.copy_stream) if self.cuda else contextlib.nullcontext():
+                with self._copying():
                     images = torch.empty((len(chunk), height, width, 3), dtype=torch.uint8, device=nhwc.device)
                     for image, (_, slot) in zip(images, chunk):
                         image.copy_(self.slots.pixels(slot, height, width), non_blocking=self.cuda)
-                if self.cuda:
-                    torch.cuda.current_stream().wait_stream(self.copy_stream)
-                    images.record_stream(torch.cuda.current_stream())
+                self._hand_over(images)
                 rows = torch.tensor([row for row, _ in chunk], device=nhwc.device)
                 nhwc.index_copy_(0, rows, self.cropper(images))
 
@@ -322,12 +329,9 @@ class _Runner:
             return  # only errors: nothing to run
         rows = self.runtime.batching.run_size(batch.rows)
         batch.pixels[batch.rows : rows].zero_()  # padding rows; their logits are dropped
-        with torch.cuda.stream(self.copy_stream) if self.cuda else contextlib.nullcontext():
-            nhwc = self._copy(batch.pixels[:rows])
-        if self.cuda:
-            compute = torch.cuda.current_stream()
-            compute.wait_stream(self.copy_stream)
-            nhwc.record_stream(compute)
+        with self._copying():
+            nhwc = batch.pixels[:rows].to("cuda", non_blocking=True) if self.cuda else batch.pixels[:rows]
+        self._hand_over(nhwc)
         if batch.decoded:
             self._resize_decoded(batch, nhwc)
         batch.logits = self.runtime.engine(self._pixels(nhwc))

@@ -86,12 +86,16 @@ def _crop_rows(matrix: np.ndarray, crop: int) -> np.ndarray:
     return out
 
 
+def _refuse_unless_resampled(interpolation: str) -> None:
+    if interpolation not in RESAMPLED:
+        raise ValueError(f"{interpolation!r} resizing is not reproduced on the device; use one of {RESAMPLED}")
+
+
 @functools.lru_cache(maxsize=512)
 def crop_weights(spec: PreprocessSpec, height: int, width: int) -> tuple[np.ndarray, np.ndarray]:
     """(vertical [crop_h, height], horizontal [crop_w, width]): an image of this size resized and
     center-cropped as `spec.crop_pil` does it, as two fixed-point passes."""
-    if spec.interpolation not in RESAMPLED:
-        raise ValueError(f"{spec.interpolation!r} resizing is not reproduced on the device; use one of {RESAMPLED}")
+    _refuse_unless_resampled(spec.interpolation)
     resized_h, resized_w = spec.resized_size(height, width)
     crop_h, crop_w = spec.input_size
     vertical = _crop_rows(pass_weights(height, resized_h, spec.interpolation), crop_h)
@@ -109,16 +113,25 @@ def pillow_may_start_vertically() -> bool:
     pixels = np.random.default_rng(0).integers(0, 256, (40, 12, 3), dtype=np.uint8)
     pillow = torch.from_numpy(np.asarray(Image.fromarray(pixels).resize((10, 30), Image.BICUBIC)).copy())
     x = torch.from_numpy(pixels).permute(2, 0, 1).to(torch.float64)
-    horizontal = torch.from_numpy(pass_weights(12, 10, "bicubic"))
     vertical = torch.from_numpy(pass_weights(40, 30, "bicubic"))
-    x = _fixed_point_pass(_fixed_point_pass(x, horizontal).transpose(1, 2), vertical).transpose(1, 2)
+    horizontal = torch.from_numpy(pass_weights(12, 10, "bicubic"))
+    x = _two_passes(x, vertical, horizontal, vertical_first=False)
     return not torch.equal(x.permute(1, 2, 0).to(torch.uint8), pillow)
 
 
 def _fixed_point_pass(x: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
-    """Pillow's rounding of one pass: (2**21 + sum) >> 22, clipped to 0..255."""
+    """Pillow's rounding of one pass along the last axis: (2**21 + sum) >> 22, clipped to 0..255."""
     total = torch.matmul(x, matrix.T) + float(1 << (PRECISION_BITS - 1))
     return torch.floor(total * (1.0 / (1 << PRECISION_BITS))).clamp_(0.0, 255.0)
+
+
+def _two_passes(x: torch.Tensor, vertical: torch.Tensor, horizontal: torch.Tensor, *, vertical_first: bool):
+    """[..., h, w] float64 -> [..., out_h, out_w]: both passes, in the order Pillow runs them."""
+    if vertical_first:
+        x = _fixed_point_pass(x.transpose(-1, -2), vertical).transpose(-1, -2)
+        return _fixed_point_pass(x, horizontal)
+    x = _fixed_point_pass(x, horizontal)
+    return _fixed_point_pass(x.transpose(-1, -2), vertical).transpose(-1, -2)
 
 
 class DeviceCropper:
@@ -126,8 +139,7 @@ class DeviceCropper:
     `spec.crop_pil` does; keeps each size's two weight matrices there (a collection repeats sizes)."""
 
     def __init__(self, spec: PreprocessSpec, cached_sizes: int = 64) -> None:
-        if spec.interpolation not in RESAMPLED:
-            raise ValueError(f"{spec.interpolation!r} resizing is not reproduced on the device; use one of {RESAMPLED}")
+        _refuse_unless_resampled(spec.interpolation)
         self.spec = spec
         self.cached_sizes = cached_sizes
         self._weights: dict[tuple[int, int, str], tuple[torch.Tensor, torch.Tensor]] = {}
@@ -147,13 +159,9 @@ class DeviceCropper:
         """[n, h, w, 3] uint8 -> [n, crop_h, crop_w, 3] uint8, on the pixels' device."""
         height, width = nhwc.shape[1], nhwc.shape[2]
         vertical, horizontal = self._device_weights(height, width, nhwc.device)
-        x = nhwc.permute(0, 3, 1, 2).to(torch.float64)  # [n, 3, h, w]
         resized_h, resized_w = self.spec.resized_size(height, width)
         shrink_h, shrink_w = height - resized_h, width - resized_w
-        if pillow_may_start_vertically() and shrink_h > 0 and shrink_h > 2 * shrink_w:
-            x = _fixed_point_pass(x.transpose(2, 3), vertical)  # [n, 3, w, crop_h]
-            x = _fixed_point_pass(x.transpose(2, 3), horizontal)  # [n, 3, crop_h, crop_w]
-            return x.permute(0, 2, 3, 1).to(torch.uint8)
-        x = _fixed_point_pass(x, horizontal)  # [n, 3, h, crop_w]
-        x = _fixed_point_pass(x.transpose(2, 3), vertical)  # [n, 3, crop_w, crop_h]
-        return x.permute(0, 3, 2, 1).to(torch.uint8)
+        vertical_first = pillow_may_start_vertically() and shrink_h > 0 and shrink_h > 2 * shrink_w
+        x = nhwc.permute(0, 3, 1, 2).to(torch.float64)  # [n, 3, h, w]
+        x = _two_passes(x, vertical, horizontal, vertical_first=vertical_first)  # [n, 3, crop_h, crop_w]
+        return x.permute(0, 2, 3, 1).to(torch.uint8)

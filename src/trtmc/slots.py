@@ -46,10 +46,6 @@ class Slots:
     def bytes(self) -> int:
         return len(self._mapping)
 
-    @property
-    def free(self) -> int:
-        return len(self._free)
-
     def take(self, count: int) -> list[int]:
         if count > len(self._free):
             raise RuntimeError(f"{count} slots asked for, {len(self._free)} free: the read-ahead window outgrew its slots")

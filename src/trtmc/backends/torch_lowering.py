@@ -349,7 +349,7 @@ _ELEMENTWISE_ONE_INPUT = (OpKind.SCALE, OpKind.ACTIVATION, OpKind.CAST)
 def _feeds_a_reduction(node: Node, consumers: dict[str, list[Node]]) -> bool:
     """Whether `node`'s output reaches a reduction or pooling through one-input elementwise ops only (a
     squeeze-excite's mean): Inductor would fuse taps there into the reduction's loop."""
-    for consumer in consumers.get(node.name, []):
+    for consumer in consumers[node.name]:
         if consumer.kind in (OpKind.REDUCE, OpKind.POOL2D):
             return True
         if consumer.kind in _ELEMENTWISE_ONE_INPUT and _feeds_a_reduction(consumer, consumers):
@@ -373,10 +373,7 @@ def depthwise_taps_nodes(graph: Graph, batch: int) -> frozenset[str]:
     8-channel layers) but lite0 2.57 -> 3.64 ms (its wide layers run slower as taps than on cuDNN). With every
     depthwise convolution as taps, efficientnet_b0 went 0.415 -> 0.441 and 3.18 -> 7.63 ms: Inductor fused
     the taps into its squeeze-excite means, whose reduction loops run them slowly."""
-    consumers: dict[str, list[Node]] = {}
-    for n in graph.nodes:
-        for i in n.inputs:
-            consumers.setdefault(i, []).append(n)
+    consumers = graph.consumers()
     taps = [n for n in graph.nodes if _is_depthwise(n, graph) and not _feeds_a_reduction(n, consumers)]
     if batch > 1:
         taps = [n for n in taps if graph.weights[n.attrs.weight].shape[0] < TAPS_BELOW_CHANNELS]
