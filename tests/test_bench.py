@@ -173,14 +173,14 @@ def test_rows_are_interleaved_round_by_round_after_their_warmups():
     assert all(t.attempts == 1 and len(t.samples_ms) == 10 for t in outcome.timings.values())
 
 
-def test_row_spreading_beyond_the_margin_is_rerun_once_then_marked_unstable():
+def test_row_spreading_beyond_the_margin_is_rerun_twice_then_marked_unstable():
     jittery = [1.0] * 9 + [1.2]
-    steady, shaky = Scripted(1.0), Scripted(*([1.0] * 3 + jittery + jittery))
+    steady, shaky = Scripted(1.0), Scripted(*([1.0] * 3 + jittery * 3))
     outcome = time_interleaved({"steady": TimedCall(lambda: None, steady), "shaky": TimedCall(lambda: None, shaky)}, PROTOCOL)
     shaky_timing = outcome.timings["shaky"]
-    assert len(shaky.calls) == 3 + 2 * 10 and len(steady.calls) == 3 + 10  # only the unstable row is re-run
-    assert shaky_timing.attempts == 2 and not shaky_timing.stable and shaky_timing.spread == pytest.approx(0.2)
-    assert shaky_timing.discarded_ms == pytest.approx(tuple(jittery))
+    assert len(shaky.calls) == 3 + 3 * 10 and len(steady.calls) == 3 + 10  # only the unstable row is re-run
+    assert shaky_timing.attempts == 3 and not shaky_timing.stable and shaky_timing.spread == pytest.approx(0.2)
+    assert [list(a) for a in shaky_timing.discarded_ms] == [pytest.approx(jittery)] * 2
     assert outcome.timings["steady"].stable
 
 
@@ -189,7 +189,14 @@ def test_unstable_row_that_settles_on_its_rerun_is_a_result():
     timing_ = time_interleaved({"row": TimedCall(lambda: None, clock)}, PROTOCOL).timings["row"]
     assert timing_.stable and timing_.attempts == 2
     assert timing_.median_ms == pytest.approx(2.0)  # the re-run's samples, not a mix
-    assert timing_.discarded_ms[-1] == pytest.approx(3.0)
+    assert len(timing_.discarded_ms) == 1 and timing_.discarded_ms[0][-1] == pytest.approx(3.0)
+
+
+def test_a_row_settling_only_on_its_third_attempt_is_a_result_with_both_earlier_attempts_kept():
+    clock = Scripted(*([1.0] * 3 + ([1.0] * 9 + [3.0]) * 2 + [2.0] * 10))
+    timing_ = time_interleaved({"row": TimedCall(lambda: None, clock)}, PROTOCOL).timings["row"]
+    assert timing_.stable and timing_.attempts == 3 and timing_.median_ms == pytest.approx(2.0)
+    assert [a[-1] for a in timing_.discarded_ms] == pytest.approx([3.0, 3.0])
 
 
 def test_a_row_that_raises_is_dropped_and_the_others_are_timed():
@@ -400,17 +407,25 @@ def test_non_finite_logits_fail_the_entry(tiny, few_photos, tmp_path, uncompiled
     assert result.status == "failed" and "non-finite logits on" in result.message
 
 
+def test_an_entry_records_what_the_cpus_did_while_its_rows_were_timed(tiny, few_photos, tmp_path, uncompiled):
+    result = run_entry(tiny_entry(tiny, few_photos, batch_sizes=(1,)), options(tmp_path, baselines=()), clock_for=FAST)
+    host = result.host
+    assert host is not None and host.seconds > 0 and 0 <= host.others <= host.busy <= 1 and 0 <= host.steal <= 1
+    assert report.entry_to_json(result)["host"]["busy"] == pytest.approx(host.busy, abs=1e-4)
+    assert "others" in report.to_markdown(bench_result([result], tmp_path, baselines=()))
+
+
 def test_unstable_trtmc_row_is_rerun_then_shown_unstable_not_as_a_result(tiny, few_photos, tmp_path, uncompiled):
     clocks = constant_clocks({TRTMC: 1.0, "eager-fp32": 2.0}, unstable={(TRTMC, ENGINE, 2)})
     result = run_entry(tiny_entry(tiny, few_photos), options(tmp_path, baselines=("eager-fp32",)), clock_for=clocks)
     assert result.status == "passed"  # the answer was right; the row just is not a result
     row = result.row(TRTMC, ENGINE, 2)
-    assert row.status == "unstable" and row.timing.attempts == 2 and row.median_ms is None
+    assert row.status == "unstable" and row.timing.attempts == 3 and row.median_ms is None
     assert result.ratio("eager-fp32", 2) is None and result.ratio("eager-fp32", 1) == pytest.approx(2.0)
     bench = bench_result([result], tmp_path, baselines=("eager-fp32",))
     assert "unstable (±" in report.to_markdown(bench)
     row_json = next(r for r in report.to_json(bench)["entries"][0]["rows"] if r["scope"] == "engine" and r["batch"] == 2)
-    assert row_json["status"] == "unstable" and row_json["median_ms"] is None and len(row_json["timing"]["discarded_ms"]) == 3
+    assert row_json["status"] == "unstable" and row_json["median_ms"] is None and [len(a) for a in row_json["timing"]["discarded_ms"]] == [3, 3]
     assert report.to_json(bench)["summary"]["unstable_rows"] == 1
 
 
@@ -460,6 +475,41 @@ def test_prepare_phase_runs_in_workers_and_the_timing_reuses_its_bundles(tiny, f
     assert (tmp_path / "work" / "bundles" / "tiny-fp32-reference.build.json").is_file()
     result = run_entry(entry, replace(opts, reuse_bundles=True), clock_for=FAST, progress=messages.append)
     assert result.status == "passed" and any(m.startswith("using the prepared bundle") for m in messages)
+
+
+def test_a_prepare_phase_cut_short_is_taken_up_where_it_stopped(tiny, few_photos, tmp_path, uncompiled, no_compile):
+    opts = replace(options(tmp_path, baselines=("expert",)), reuse_bundles=True)
+    done, left = tiny_entry(tiny, few_photos), tiny_entry(tiny, few_photos, name="tiny2")
+    assert prepare_entries([done], opts, 1, quiet=True, executor=ThreadPoolExecutor(1)) == {}
+    messages = []
+    assert prepare_entries([done, left], opts, 1, messages.append, quiet=True, executor=ThreadPoolExecutor(1)) == {}
+    assert "already prepared: tiny" in messages and "preparing 1 entries, 1 at a time" in messages
+    assert [m for m in messages if m.startswith("prepared ")] == [m for m in messages if m.startswith("prepared tiny2 ")]
+    # another set of compiled baselines is another preparation
+    assert not runner.is_prepared(done, replace(opts, baselines=("expert", "reduce-overhead")))
+
+
+def test_an_entry_failing_its_prepare_is_not_prepared_again_and_its_error_is_noted(few_photos, tmp_path):
+    opts = replace(options(tmp_path, baselines=("expert",)), reuse_bundles=True)
+    broken = tiny_entry(tmp_path / "no-such-checkpoint", few_photos, name="broken", weights="random", model="not_a_timm_model")
+    failures = prepare_entries([broken], opts, 1, quiet=True, executor=ThreadPoolExecutor(1))
+    assert set(failures) == {"broken"} and runner.is_prepared(broken, opts)
+    assert "not_a_timm_model" in json.loads((tmp_path / "work" / "prepared" / "broken.json").read_text())["error"]
+
+
+def test_the_timed_run_compiles_in_its_own_process_without_a_pool_of_compile_workers(tiny, few_photos, tmp_path, monkeypatch):
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS", raising=False)
+    seen = []
+
+    def prepare(*args):
+        seen.append(inductor_config.compile_threads)
+        return right_engine_target(tiny)
+
+    before = inductor_config.compile_threads
+    run_bench([tiny_entry(tiny, few_photos, batch_sizes=(1,))], options(tmp_path, baselines=()), prepare=prepare, clock_for=FAST)
+    assert seen == [1] and inductor_config.compile_threads == before
 
 
 def test_resumed_run_takes_finished_entries_from_their_records_and_times_only_the_rest(tiny, few_photos, tmp_path, uncompiled):

@@ -217,15 +217,15 @@ def test_a_cuda_engine_compiles_from_the_bundles_caches_without_inductors_worker
     # (benchmarks/NOTES.md, run 5); a user's own TORCHINDUCTOR_COMPILE_THREADS still wins.
     import torch._inductor.config as inductor_config
 
-    from trtmc.backends.inductor import _compiling_from_caches
+    from trtmc.backends.inductor import compiling_in_process
 
     monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS", raising=False)
     before = inductor_config.compile_threads
-    with _compiling_from_caches():
+    with compiling_in_process():
         assert inductor_config.compile_threads == 1
     assert inductor_config.compile_threads == before
     monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "8")
-    with _compiling_from_caches():
+    with compiling_in_process():
         assert inductor_config.compile_threads == before
 
 

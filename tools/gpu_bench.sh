@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # The full bench (`trtmc bench --random-weights --baseline expert`, every entry of benchmarks/performance.yaml) on
-# the GPU machine, in parts: one call is at most 10 minutes, the whole needs about 31 minutes of device time (run 7:
-# ~30 s of preparing and ~22 s of timing per entry), and a session has 30. So it runs as two halves, in two
-# sessions, on one code:
-#   PART=1/2 OUT=$OUT LIMIT=570 bash tools/gpu_bench.sh prepare   # build what is not built yet, 12 entries at a time
-#   PART=1/2 OUT=$OUT LIMIT=570 bash tools/gpu_bench.sh time      # time them; their records to $OUT/timed.tar.gz
-#   (commit those records, e.g. as benchmarks/results/RUN/records/; change nothing under src/ until part 2 has run)
-#   RECORDS=benchmarks/results/RUN/records PART=2/2 OUT=$OUT LIMIT=570 bash tools/gpu_bench.sh prepare   # next session
-#   RECORDS=benchmarks/results/RUN/records PART=2/2 OUT=$OUT LIMIT=570 bash tools/gpu_bench.sh time
-#   RECORDS=benchmarks/results/RUN/records OUT=$OUT bash tools/gpu_bench.sh report   # the report, once every entry is timed
-# PART=K/N takes every N-th entry from the K-th (heavy and light entries spread over the halves); ONLY="a b" takes
-# those entries (a quick look at a few, e.g. the ones a change should move); without either, all.
+# the GPU machine. One call is at most 10 minutes and the whole takes more, so `run` does what one call can and
+# the same command, repeated on the same machine (each call within the 30 s it stays warm), finishes it:
+#   OUT=$OUT LIMIT=585 bash tools/gpu_bench.sh run   # prepare what is not prepared, time what is prepared and not
+#                                                    # timed by this code, write the report once all are timed
+# Preparing runs JOBS entries at a time (default 14), each process with its share of the CPUs (`trtmc bench
+# --prepare-jobs`); every entry's prepare leaves a note, so a prepare cut short by the time limit is taken up where
+# it stopped, and timing never starts on an entry whose baselines were not compiled yet. Timing runs after
+# preparing, never beside it (the task rows are timed on the host).
+# The steps alone, as before:
+#   [PART=K/N | ONLY="NAME ..."] OUT=$OUT LIMIT=570 bash tools/gpu_bench.sh prepare|time|report
+# PART=K/N takes every N-th entry from the K-th; ONLY="a b" takes those entries; without either, all.
 # A record (WORKDIR/timed/NAME.pickle) is taken by `--resume` only when the code (trtmc's source digest), the versions,
 # the machine and the entry are the same; RECORDS (default bench-records/timed) are copied into the work folder first.
+# $OUT gets bench.log, timed.tar.gz (the records) and, from `time` and `report`, bench/results.{json,md} and latency.png.
 set -u
 export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/gpu-bench}
@@ -23,6 +24,40 @@ mkdir -p "$OUT" "$WORK/timed"
 [ -d "$RECORDS" ] && cp -n "$RECORDS"/*.pickle "$WORK/timed/" 2>/dev/null
 python3 -c "from trtmc.bench.runner import source_digest; print('trtmc source', source_digest())" >>"$OUT/bench.log"
 names=$(python3 -m trtmc bench --list | awk '{print $1}')
+JOBS=${JOBS:-14}
+
+prepare() {  # LIMIT [--only NAME ...]: the CPU-bound part of the entries not prepared yet, JOBS at a time
+    local limit=$1; shift
+    timeout "$limit" python3 -m trtmc bench --random-weights --baseline expert "$@" --prepare-only --reuse-prepared \
+        --prepare-jobs "$JOBS" --workdir "$WORK" --out "$OUT/prepared" >>"$OUT/bench.log" 2>&1
+    echo "prepare exit status $?" >>"$OUT/bench.log"
+}
+
+timed() {  # LIMIT [--only NAME ...]: time with the prepared bundles; entries timed by this code come from their records
+    local limit=$1; shift
+    timeout "$limit" python3 -m trtmc bench --random-weights --baseline expert "$@" --reuse-prepared --resume \
+        --workdir "$WORK" --out "$OUT/bench" >>"$OUT/bench.log" 2>&1
+    echo "time exit status $?" >>"$OUT/bench.log"
+}
+
+unprepared() {  # the entries whose prepare phase has not finished (no note in WORK/prepared)
+    for name in $names; do [ -f "$WORK/prepared/$name.json" ] || echo "$name"; done
+}
+
+untimed() {  # the prepared entries with no record of this code's timing on this machine
+    python3 - "$WORK" $names <<'PY'
+import pickle, sys
+from pathlib import Path
+from trtmc.bench.runner import environment
+work, names = Path(sys.argv[1]), sys.argv[2:]
+here = environment("cuda")
+for name in names:
+    record = work / "timed" / f"{name}.pickle"
+    if (work / "prepared" / f"{name}.json").is_file() and (
+            not record.is_file() or pickle.loads(record.read_bytes())["environment"] != here):
+        print(name)
+PY
+}
 only=()
 for name in ${ONLY:-}; do
     only+=(--only "$name")
@@ -34,13 +69,23 @@ if [ -n "${PART:-}" ]; then
 fi
 case "${1:-}" in
     prepare)
-        # Two compile workers per build: twelve builds at once would otherwise start 16 workers each.
-        TORCHINDUCTOR_COMPILE_THREADS=2 timeout "$LIMIT" python3 -m trtmc bench --random-weights --baseline expert \
-            "${only[@]}" --prepare-only --reuse-prepared --prepare-jobs 12 --workdir "$WORK" --out "$OUT/prepared" \
-            >>"$OUT/bench.log" 2>&1 ;;
+        prepare "$LIMIT" "${only[@]}" ;;
     time)
-        timeout "$LIMIT" python3 -m trtmc bench --random-weights --baseline expert "${only[@]}" --reuse-prepared --resume \
-            --workdir "$WORK" --out "$OUT/bench" >>"$OUT/bench.log" 2>&1 ;;
+        timed "$LIMIT" "${only[@]}" ;;
+    run)
+        { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv; nproc; free -g; } \
+            >>"$OUT/bench.log" 2>&1
+        [ -n "$(unprepared)" ] && prepare $((LIMIT - SECONDS - 20))
+        todo=$(untimed)
+        if [ -n "$todo" ] && [ $((LIMIT - SECONDS)) -gt 60 ]; then
+            args=()
+            for name in $todo; do args+=(--only "$name"); done
+            timed $((LIMIT - SECONDS - 15)) "${args[@]}"
+        fi
+        if [ -z "$(untimed)" ] && [ -z "$(unprepared)" ]; then
+            echo "every entry timed: the report" >>"$OUT/bench.log"
+            timed $((LIMIT - SECONDS - 5))
+        fi ;;
     report)
         missing=$(for name in $names; do [ -f "$WORK/timed/$name.pickle" ] || echo "$name"; done)
         if [ -n "$missing" ]; then
@@ -69,7 +114,7 @@ PY
         # timed again, which needs its prepared bundle: the log says so).
         timeout "$LIMIT" python3 -m trtmc bench --random-weights --baseline expert --reuse-prepared --resume \
             --workdir "$WORK" --out "$OUT/bench" >>"$OUT/bench.log" 2>&1 ;;
-    *) echo "usage: [PART=K/N | ONLY=\"NAME ...\"] [RECORDS=DIR] OUT=DIR LIMIT=SECONDS bash tools/gpu_bench.sh prepare|time|report" >&2; exit 2 ;;
+    *) echo "usage: [PART=K/N | ONLY=\"NAME ...\"] [RECORDS=DIR] OUT=DIR LIMIT=SECONDS bash tools/gpu_bench.sh run|prepare|time|report" >&2; exit 2 ;;
 esac
 echo "exit status $?" >>"$OUT/bench.log"
 # One archive: a call brings back at most 8 files.

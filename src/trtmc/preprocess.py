@@ -67,19 +67,20 @@ class PreprocessSpec:
         return (new_long, scale[0]) if width <= height else (scale[0], new_long)
 
     def _crop(self, hwc: np.ndarray | torch.Tensor, height: int, width: int):
-        """torchvision's center crop: zero-pad a side smaller than the crop, then cut the middle."""
+        """torchvision's center crop of the last three axes (H, W, C), whatever leads them: zero-pad a side
+        smaller than the crop, then cut the middle."""
         crop_h, crop_w = self.input_size
         pad_h, pad_w = max(crop_h - height, 0), max(crop_w - width, 0)
         if pad_h or pad_w:
             top, left = pad_h // 2, pad_w // 2
             if isinstance(hwc, np.ndarray):
-                hwc = np.pad(hwc, ((top, pad_h - top), (left, pad_w - left), (0, 0)))
+                hwc = np.pad(hwc, ((0, 0),) * (hwc.ndim - 3) + ((top, pad_h - top), (left, pad_w - left), (0, 0)))
             else:
                 hwc = F.pad(hwc, (0, 0, left, pad_w - left, top, pad_h - top))
             height, width = height + pad_h, width + pad_w
         top = int(round((height - crop_h) / 2.0))
         left = int(round((width - crop_w) / 2.0))
-        return hwc[top : top + crop_h, left : left + crop_w]
+        return hwc[..., top : top + crop_h, left : left + crop_w, :]
 
     def normalize(self, nhwc: torch.Tensor) -> torch.Tensor:
         """Pixels in [0, 1] as NHWC -> (x - mean) / std as NCHW (a channels-last view: no copy), in
@@ -115,15 +116,20 @@ class PreprocessSpec:
 
         On a GPU the resize runs as kernels there instead of as host work split over torch's intra-op
         threads; the antialiased GPU resize agrees with the CPU's to float rounding."""
-        height, width = self.resized_size(hwc.shape[0], hwc.shape[1])
         if isinstance(hwc, np.ndarray):
             hwc = torch.from_numpy(np.ascontiguousarray(hwc))
-        chw = hwc.to(device if device is not None else hwc.device).permute(2, 0, 1)
-        if (height, width) != tuple(hwc.shape[:2]):
+        return self.from_arrays(hwc.to(device if device is not None else hwc.device)[None])[0].contiguous()
+
+    def from_arrays(self, nhwc: torch.Tensor) -> torch.Tensor:
+        """Float32 NHWC RGB arrays of one size in [0, 1] -> normalized float32 NCHW where they are, resized
+        together: each image's pixels are computed as `from_array` computes them alone, in fewer kernels."""
+        height, width = self.resized_size(nhwc.shape[1], nhwc.shape[2])
+        nchw = nhwc.permute(0, 3, 1, 2)
+        if (height, width) != tuple(nhwc.shape[1:3]):
             smooth = self.interpolation != "nearest"
-            chw = F.interpolate(
-                chw[None], size=(height, width), mode=self.interpolation,
+            nchw = F.interpolate(
+                nchw, size=(height, width), mode=self.interpolation,
                 align_corners=False if smooth else None, antialias=smooth,
-            )[0]
-        chw = chw.clamp(0.0, 1.0)
-        return self.normalize(self._crop(chw.permute(1, 2, 0), height, width)[None])[0].contiguous()
+            )
+        nchw = nchw.clamp(0.0, 1.0)
+        return self.normalize(self._crop(nchw.permute(0, 2, 3, 1), height, width))

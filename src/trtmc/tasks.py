@@ -171,20 +171,71 @@ def preprocess_images(runtime: Runtime, images: Any) -> torch.Tensor:
             prepared.append((name, _check_array_layout(item, name)))
         else:
             raise InvalidInput(f"input #{position}: expected a file path or a float32 HWC array, got {type(item).__name__}")
-    spec, device = runtime.preprocess, runtime.device
+    spec, device = runtime.preprocess, torch.device(runtime.device)
     # Files crop in PIL on the host (timm's exact transform). Arrays go to the engine's device as they are and
-    # resize there, one at a time (only the resized copies stay); their values are checked there too: the host
-    # only copies the pixels, and every array's min and max is read at once, before the engine runs.
-    pixels, extremes = [], []
-    for name, value in prepared:
-        if isinstance(value, np.ndarray):
-            hwc = torch.from_numpy(np.ascontiguousarray(value)).to(device)
-            extremes.append((name, torch.stack(torch.aminmax(hwc))))
-            pixels.append(spec.from_array(hwc))
-        else:
-            pixels.append(spec.from_pil(value).to(device))
-    _check_values(extremes)
+    # resize there (`_arrays_to_pixels`); their values are checked there too, every array's min and max read at
+    # once, before the engine runs.
+    pixels: list[torch.Tensor | None] = [None] * len(prepared)
+    arrays = [(i, name, value) for i, (name, value) in enumerate(prepared) if isinstance(value, np.ndarray)]
+    for i, chw in _arrays_to_pixels(spec, arrays, device):
+        pixels[i] = chw
+    for i, (name, value) in enumerate(prepared):
+        if not isinstance(value, np.ndarray):
+            pixels[i] = spec.from_pil(value).to(device)
     return torch.stack(pixels)
+
+
+# Arrays travel to the engine's device in chunks of about this many bytes: each chunk is copied into one
+# host buffer (page-locked on a GPU) and sent in one transfer, instead of one pageable transfer per array;
+# only a chunk's raw pixels are on the device at a time (the resized crops stay).
+STAGING_BYTES = 64 * 2**20
+
+
+def _chunks(arrays: list, budget: int):
+    """`arrays` ((index, name, array) in order) in runs of at most `budget` bytes (an array larger than the
+    budget is a run of its own)."""
+    run, size = [], 0
+    for item in arrays:
+        if run and size + item[2].nbytes > budget:
+            yield run
+            run, size = [], 0
+        run.append(item)
+        size += item[2].nbytes
+    if run:
+        yield run
+
+
+def staged(arrays: list[np.ndarray], device: torch.device) -> list[torch.Tensor]:
+    """The arrays on `device`, through one host buffer and one transfer: page-locked for a GPU, whose copy
+    then runs asynchronously (torch's pinned-memory cache hands the buffer out again only after it)."""
+    host = torch.empty(sum(a.size for a in arrays), dtype=torch.float32, pin_memory=device.type == "cuda")
+    flat, offset = host.numpy(), 0
+    for array in arrays:
+        np.copyto(flat[offset : offset + array.size].reshape(array.shape), array)
+        offset += array.size
+    moved = host.to(device, non_blocking=True)
+    views, offset = [], 0
+    for array in arrays:
+        views.append(moved[offset : offset + array.size].view(array.shape))
+        offset += array.size
+    return views
+
+
+def _arrays_to_pixels(spec, arrays: list, device: torch.device):
+    """(index, normalized CHW on `device`) for each (index, name, HWC array), after every array's values
+    are checked; arrays of one size in a chunk are checked and resized together."""
+    extremes, done = [], []
+    for chunk in _chunks(arrays, STAGING_BYTES):
+        by_size: dict[tuple[int, int], list[tuple[int, str, torch.Tensor]]] = {}
+        for (index, name, _), hwc in zip(chunk, staged([a for _, _, a in chunk], device)):
+            by_size.setdefault(hwc.shape[:2], []).append((index, name, hwc))
+        for group in by_size.values():
+            nhwc = torch.stack([hwc for _, _, hwc in group]) if len(group) > 1 else group[0][2][None]
+            low, high = nhwc.flatten(1).aminmax(dim=1)
+            extremes += [(index, name, pair) for (index, name, _), pair in zip(group, torch.stack([low, high], dim=1))]
+            done += zip([index for index, _, _ in group], spec.from_arrays(nhwc).contiguous())
+    _check_values([(name, pair) for _, name, pair in sorted(extremes, key=lambda e: e[0])])  # the first bad array named
+    return done
 
 
 def image_to_class_scores(runtime: Runtime, images: Any, **options: Any) -> ClassScores:

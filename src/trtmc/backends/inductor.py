@@ -206,12 +206,13 @@ def _compile_cuda(graph: Graph) -> _CompiledCuda:
     return _CompiledCuda(graph)
 
 
-def _compiling_from_caches():
-    """Inductor settings for a compile the bundle's caches answer: no pool of compile workers.
+def compiling_in_process():
+    """Inductor settings for compiles that caches answer: no pool of compile workers.
 
     Inductor starts one worker process per core (each importing torch) the first time it compiles,
-    and stops them at exit; with every kernel in the bundle's caches they have nothing to do but
-    cost start-up and exit time. A cache miss still compiles, in this process. A user who set
+    stops them 60 s after the last compile (`quiesce_async_compile_time`) and starts them again at the
+    next; with every kernel in the caches they have nothing to do but cost start-up and exit time, and
+    CPU time beside whatever runs then. A cache miss still compiles, in this process. A user who set
     TORCHINDUCTOR_COMPILE_THREADS keeps their setting.
     """
     if "TORCHINDUCTOR_COMPILE_THREADS" in os.environ:
@@ -284,7 +285,7 @@ class InductorCudaEngine(EngineBase):
         static_in = _cuda_feed(self._pixels.zeros(batch), self._feed)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
-        with torch.no_grad(), torch.cuda.stream(stream), _compiling_from_caches():
+        with torch.no_grad(), torch.cuda.stream(stream), compiling_in_process():
             for _ in range(3):  # compile (warm, from the cache) and settle allocations outside capture
                 self._compiled(static_in)
         torch.cuda.current_stream().wait_stream(stream)

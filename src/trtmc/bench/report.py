@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 RESULTS_JSON = "results.json"
 RESULTS_MD = "results.md"
 PLOT_PNG = "latency.png"
-SCHEMA = 3  # 3: the folder scope (entries' "folder" and "folder_runs")
+SCHEMA = 4  # 3: the folder scope (entries' "folder" and "folder_runs"); 4: entries' "host", rows' discarded attempts as lists
 # One colour per subject in every panel; trtmc's task scope is its engine colour, dashed.
 COLORS = {TRTMC: "C0", HEADLINE: "k", "eager-fp32": "C1", "eager-cl": "C2", "reduce-overhead": "C3", "max-autotune": "C4"}
 
@@ -63,6 +63,7 @@ def entry_to_json(result: EntryResult) -> dict[str, Any]:
         "headline": {str(b): _round(result.headline(b), 4) for b in batches},  # expert ms / trtmc engine ms
         "speedup": {key: {str(b): _round(result.ratio(key, b), 4) for b in batches} for key in baselines},
         "rows": [row.to_json() for row in result.rows],
+        "host": None if result.host is None else result.host.to_json(),  # the CPUs while the rows were timed
         "folder": None if entry.folder is None else asdict(entry.folder),
         "folder_runs": [run.to_json() for run in result.folder_runs],  # ratio: trtmc images/s / baseline's
     }
@@ -189,8 +190,9 @@ def _headline_lines(result: BenchResult) -> list[str]:
 
 def _build_lines(result: BenchResult) -> list[str]:
     lines = [
-        "| model | architecture | weights | engine | build | load | bundle | first call of each compiled baseline |",
-        "|---|---|---|---|---|---|---|---|",
+        "| model | architecture | weights | engine | build | load | bundle | first call of each compiled baseline "
+        "| CPUs while timing |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for e in result.entries:
         compiled = []
@@ -207,12 +209,15 @@ def _build_lines(result: BenchResult) -> list[str]:
             "" if e.load_seconds is None else f"{e.load_seconds:.1f} s",
             "" if e.bundle_bytes is None else f"{e.bundle_bytes / 1e6:.1f} MB",
             "; ".join(compiled),
+            "" if e.host is None else f"{e.host.busy:.0%} busy, {e.host.others:.0%} others, {e.host.steal:.0%} steal",
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return lines + [
         "",
         "Build: `trtmc build` on the bench device, wall time. Load: opening the bundle and capturing its",
-        "CUDA graphs, in the bench process (warmer than a fresh one).",
+        "CUDA graphs, in the bench process (warmer than a fresh one). CPUs while timing: shares of all the",
+        "machine's CPU time during the entry's rounds that was busy, busy outside the bench process, and",
+        "stolen by the hypervisor (/proc/stat): what a row timed on the host competes with.",
     ]
 
 

@@ -10,7 +10,7 @@ from typing import Any, Mapping
 
 from .oracle import Reference, Verdict
 from .spec import HEADLINE, LOADER_WORKERS_CAP, BenchOptions, Entry
-from .timing import Timing
+from .timing import HostLoad, Timing
 
 TRTMC = "trtmc"
 DATALOADER = "dataloader"  # the folder scope's baseline
@@ -169,6 +169,7 @@ class EntryResult:
     rows: tuple[Row, ...] = ()
     folder_runs: tuple[FolderRun, ...] = ()
     margin: float = 0.05
+    host: HostLoad | None = None  # the CPUs while the rows were timed
 
     def row(self, subject: str, scope: str, batch: int) -> Row | None:
         return next((r for r in self.rows if (r.subject, r.scope, r.batch) == (subject, scope, batch)), None)

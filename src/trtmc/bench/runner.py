@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from .. import __version__
+from ..backends.inductor import compiling_in_process
 from ..preprocess import PreprocessSpec
 from ..random_weights import load_timm_model, timm_pixels
 from . import oracle
@@ -37,7 +38,7 @@ from .folder import FolderJob, run_folder_scope, usable_cpus
 from .results import ENGINE, TASK, TRTMC, BenchResult, EntryResult, FolderRun, Row
 from .sources import ModelSource, resolve_source
 from .spec import BASELINE_SPECS, BenchOptions, Entry
-from .timing import Clock, CudaEventClock, HostClock, TimedCall, Timing, synchronize, time_interleaved
+from .timing import Clock, CudaEventClock, HostClock, HostLoad, HostMeter, TimedCall, Timing, synchronize, time_interleaved
 
 log = logging.getLogger(__name__)
 
@@ -293,9 +294,11 @@ def _describe(row: Row) -> str:
     return text
 
 
-def time_and_judge(plan: Plan, entry: Entry, ref: oracle.Reference, device: str, progress: Progress) -> list[Row]:
+def time_and_judge(
+    plan: Plan, entry: Entry, ref: oracle.Reference, device: str, progress: Progress
+) -> tuple[list[Row], HostLoad | None]:
     """Each contender's first call (timed on its own), then all of them timed interleaved, then judged;
-    the rows in the plan's order."""
+    the rows in the plan's order, and what the host's CPUs did during the rounds."""
     rows: dict[tuple, Row] = {}
     first_calls: dict[tuple, float] = {}
     ready = []
@@ -311,7 +314,12 @@ def time_and_judge(plan: Plan, entry: Entry, ref: oracle.Reference, device: str,
             rows[c.key] = c.failed(f"{type(exc).__name__}: {exc}")
             progress(f"{c.label} {c.scope}, batch {c.batch}: {_describe(rows[c.key])}")
     progress(f"timing {len(ready)} rows interleaved, round by round")
+    meter = HostMeter().start()
     outcome = time_interleaved({c.key: TimedCall(c.call, c.clock) for c in ready}, entry.protocol)
+    host = meter.stop()
+    if host is not None:
+        progress(f"the CPUs while timing: {host.busy:.0%} busy, {host.others:.0%} of it not this process, "
+                 f"{host.steal:.0%} stolen by the hypervisor")
     for c in ready:
         first = first_calls[c.key]
         if c.key in outcome.errors:
@@ -319,7 +327,7 @@ def time_and_judge(plan: Plan, entry: Entry, ref: oracle.Reference, device: str,
         else:
             rows[c.key] = _judged(c, outcome.timings[c.key], first, ref)
         progress(f"{c.label} {c.scope}, batch {c.batch}: {_describe(rows[c.key])}")
-    return [c if isinstance(c, Row) else rows[c.key] for c in plan]
+    return [c if isinstance(c, Row) else rows[c.key] for c in plan], host
 
 
 def _judged(c: Contender, timing: Timing, first_call_s: float, ref: oracle.Reference) -> Row:
@@ -398,7 +406,7 @@ def run_entry(
             progress(f"timm fp32 answers on {len(files)} photos (and timm {entry.precision}'s noise): the oracle's reference")
             plan = _trtmc_plan(entry, target, photos, task_ref, clock_for)
             plan += _baseline_plan(entry, options, model, photos, clock_for)
-            rows = time_and_judge(plan, entry, ref, options.device, progress)
+            rows, facts["host"] = time_and_judge(plan, entry, ref, options.device, progress)
             del plan, target, model
         del timm_model
         _free(options.device)
@@ -429,16 +437,47 @@ def entry_status(rows: list[Row], folder_runs: tuple[FolderRun, ...] = ()) -> tu
     return "passed", ""
 
 
+PREPARED = "prepared"  # the workdir folder where each prepared entry leaves a note of what was prepared
+
+
+def _prepared_note(options: BenchOptions, entry: Entry) -> Path:
+    return Path(options.workdir) / PREPARED / f"{entry.name}.json"
+
+
+def _compiled_baselines(options: BenchOptions) -> list[str]:
+    return [k for k in options.baselines if k in COMPILED]
+
+
+def is_prepared(entry: Entry, options: BenchOptions) -> bool:
+    """Whether a prepare phase in this workdir finished `entry` for these options' compiled baselines."""
+    note = _prepared_note(options, entry)
+    return note.is_file() and json.loads(note.read_text()).get("compiled") == _compiled_baselines(options)
+
+
 def prepare_entry(entry: Entry, options: BenchOptions, progress: Progress = _quiet) -> None:
     """The slow, CPU-bound part of an entry, so that several can run at once before timing: random
     weights, the trtmc build (its time recorded beside the bundle) and the cold compiles of the
-    compiled baselines, which fill Inductor's on-disk caches for the timed run."""
+    compiled baselines, which fill Inductor's on-disk caches for the timed run. Leaves a note in the
+    workdir once all of it is done (`is_prepared`)."""
+    started = time.perf_counter()
     files = oracle.photo_files(entry.photos)
     source = resolve_source(entry.model, entry.weights, options.workdir, entry.seed, files)
-    if _unsupported(source.architecture, entry.precision):
-        return
-    build_bundle_for(entry, source, options, progress)
-    compiled = [k for k in options.baselines if k in COMPILED]
+    if not _unsupported(source.architecture, entry.precision):  # else nothing to build: its timing says so
+        build_bundle_for(entry, source, options, progress)
+        _compile_baselines(entry, source, options, progress)
+    _write_prepared_note(options, entry, time.perf_counter() - started)
+
+
+def _write_prepared_note(options: BenchOptions, entry: Entry, seconds: float, error: str | None = None) -> None:
+    note = _prepared_note(options, entry)
+    note.parent.mkdir(parents=True, exist_ok=True)
+    record = {"compiled": _compiled_baselines(options), "seconds": round(seconds, 1), "error": error}
+    note.write_text(json.dumps(record))
+
+
+def _compile_baselines(entry: Entry, source: ModelSource, options: BenchOptions, progress: Progress) -> None:
+    """Every compiled baseline called once at each batch size: a cold compile, into the disk caches."""
+    compiled = _compiled_baselines(options)
     if not compiled:
         return
     from ..checkpoint import Checkpoint
@@ -456,9 +495,23 @@ def prepare_entry(entry: Entry, options: BenchOptions, progress: Progress = _qui
             _free(options.device)
 
 
-def _prepare_in_child(entry: Entry, options: BenchOptions, quiet: bool) -> None:
+def child_threads(jobs: int) -> int:
+    """Threads for each of `jobs` prepare processes sharing this machine's CPUs."""
+    return max(1, usable_cpus() // jobs)
+
+
+def _prepare_in_child(entry: Entry, options: BenchOptions, quiet: bool, threads: int | None) -> None:
     from ..progress import Progress
 
+    if threads is not None:
+        # A process's share of the CPUs, for torch's own ops (random weights are calibrated on the CPU) and for
+        # Inductor's compile workers: each process would otherwise start one thread and one worker per core.
+        # Run 7's twelve processes of 16 threads each spent ~2 minutes just drawing random weights.
+        import torch._inductor.config as inductor_config
+
+        torch.set_num_threads(threads)
+        if "TORCHINDUCTOR_COMPILE_THREADS" not in os.environ:
+            inductor_config.compile_threads = max(2, threads)
     say = Progress(quiet)
     prepare_entry(entry, options, lambda message: say(f"[prepare {entry.name}] {message}"))
 
@@ -472,18 +525,26 @@ def prepare_entries(
     quiet: bool = False,
     executor: Executor | None = None,
 ) -> dict[str, str]:
-    """`prepare_entry` for every entry, `jobs` at a time, each in a spawned process of its own
-    (the compiles are CPU-bound and hold the GIL; CUDA does not survive a fork). Returns the error of
-    each entry that failed; its timing then builds it again. `executor` replaces the process pool."""
+    """`prepare_entry` for every entry not prepared yet (with `options.reuse_bundles`: an earlier, cut-short
+    prepare phase is taken up where it stopped), `jobs` at a time, each in a spawned process of its own with
+    its share of the CPUs (the compiles are CPU-bound and hold the GIL; CUDA does not survive a fork).
+    Returns the error of each entry that failed; its timing then builds it again. `executor` replaces the
+    process pool (its workers keep the caller's threads)."""
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from multiprocessing import get_context
 
-    progress(f"preparing {len(entries)} entries, {jobs} at a time")
+    done = [e.name for e in entries if options.reuse_bundles and is_prepared(e, options)]
+    if done:
+        progress(f"already prepared: {', '.join(done)}")
+    todo = [e for e in entries if e.name not in done]
+    threads = None if executor is not None else child_threads(jobs)
+    progress(f"preparing {len(todo)} entries, {jobs} at a time" + (f", {threads} threads each" if threads else ""))
     pool = executor or ProcessPoolExecutor(jobs, mp_context=get_context("spawn"))
     started = time.perf_counter()
     failures: dict[str, str] = {}
     with pool:
-        futures = {pool.submit(_prepare_in_child, entry, options, quiet): entry.name for entry in entries}
+        futures = {pool.submit(_prepare_in_child, entry, options, quiet, threads): entry.name for entry in todo}
+        by_name = {entry.name: entry for entry in todo}
         for future in as_completed(futures):
             name = futures[future]
             try:
@@ -492,6 +553,9 @@ def prepare_entries(
             except Exception as exc:
                 failures[name] = f"{type(exc).__name__}: {exc}"
                 progress(f"preparing {name} failed: {failures[name]}")
+                # Noted as prepared all the same: a failure is not retried by the next prepare phase (its timing
+                # builds it again, and reports what fails there).
+                _write_prepared_note(options, by_name[name], 0.0, error=failures[name])
     return failures
 
 
@@ -609,17 +673,21 @@ def run_bench(
     def so_far() -> BenchResult:
         return BenchResult(env, options, tuple(results), started_at, time.perf_counter() - started, dict(resumed))
 
-    for index, entry in enumerate(entries, 1):
-        prefix = f"[{index}/{len(entries)} {entry.name}]"
-        earlier = _resumed_record(options, entry, env) if options.resume else None
-        if earlier is not None:
-            results.append(earlier[0])
-            resumed[entry.name] = earlier[1]
-            progress(f"{prefix} {earlier[0].status}: timed by the run started {earlier[1]} (--resume)")
-        else:
-            results.append(run_entry(entry, options, prepare=prepare, clock_for=clock_for,
-                                     progress=lambda m, p=prefix: progress(f"{p} {m}")))
-            _save_record(options, results[-1], env, started_at)
-        if on_result is not None:
-            on_result(so_far())
+    # Every compile here (the baselines' first calls, trtmc's engines from their caches) runs in this process:
+    # a pool of compile workers would start a process per core beside the rounds, and stop and start again
+    # between entries. After a prepare phase the caches answer; without one, cold compiles are slower.
+    with compiling_in_process():
+        for index, entry in enumerate(entries, 1):
+            prefix = f"[{index}/{len(entries)} {entry.name}]"
+            earlier = _resumed_record(options, entry, env) if options.resume else None
+            if earlier is not None:
+                results.append(earlier[0])
+                resumed[entry.name] = earlier[1]
+                progress(f"{prefix} {earlier[0].status}: timed by the run started {earlier[1]} (--resume)")
+            else:
+                results.append(run_entry(entry, options, prepare=prepare, clock_for=clock_for,
+                                         progress=lambda m, p=prefix: progress(f"{p} {m}")))
+                _save_record(options, results[-1], env, started_at)
+            if on_result is not None:
+                on_result(so_far())
     return so_far()

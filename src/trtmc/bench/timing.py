@@ -1,4 +1,4 @@
-"""The timing protocol: rounds of back-to-back calls, interleaved across rows, one re-run of an unstable row.
+"""The timing protocol: rounds of back-to-back calls, interleaved across rows, up to two re-runs of an unstable row.
 
 A row is a zero-argument call and the `Clock` that times it. A clock times one round: `calls`
 back-to-back calls, returning the round's milliseconds; a sample is that divided by the calls, so a
@@ -25,6 +25,10 @@ from .spec import TimingProtocol
 
 # A round never grows past this many calls, whatever a clock reports (a zero reading included).
 MAX_CALLS_PER_ROUND = 100_000
+# A row's measured rounds are run at most this many times: a row still spreading beyond the margin after the
+# last is shown as unstable. Rows timed on the host follow the host's speed, which on the lent GPU machine
+# changes for seconds at a time (benchmarks/NOTES.md, run 7): a later attempt often lands in a quiet spell.
+MAX_ATTEMPTS = 3
 
 
 class Clock(Protocol):
@@ -78,15 +82,15 @@ def synchronize(device: str) -> None:
 
 @dataclass(frozen=True)
 class Timing:
-    """The samples of one row (ms per call, one per round). `discarded_ms` holds a first, unstable
-    attempt that was re-run."""
+    """The samples of one row (ms per call, one per round). `discarded_ms` holds the samples of each earlier,
+    unstable attempt that was run again, in order."""
 
     samples_ms: tuple[float, ...]
     calls_per_round: int
     margin: float
     clock: str
     attempts: int = 1
-    discarded_ms: tuple[float, ...] = ()
+    discarded_ms: tuple[tuple[float, ...], ...] = ()
 
     @property
     def median_ms(self) -> float:
@@ -112,7 +116,7 @@ class Timing:
             "clock": self.clock,
             "attempts": self.attempts,
             "samples_ms": [round(s, 5) for s in self.samples_ms],
-            "discarded_ms": [round(s, 5) for s in self.discarded_ms],
+            "discarded_ms": [[round(s, 5) for s in attempt] for attempt in self.discarded_ms],
         }
 
 
@@ -156,8 +160,9 @@ def calls_for(round_ms: float, calls: int, measured_ms: float) -> int:
 
 def time_interleaved(rows: Mapping[K, TimedCall], protocol: TimingProtocol) -> Outcome:
     """Warm-up rounds (calibrating each row's calls per round), then `protocol.iters` measured rounds,
-    every row once per round in the order given; rows whose samples spread beyond the margin get
-    their measured rounds once more (interleaved among themselves), and keep that second attempt.
+    every row once per round in the order given; rows whose samples spread beyond the margin get their
+    measured rounds again (interleaved among themselves), up to `MAX_ATTEMPTS` attempts in all, and keep
+    their last attempt.
 
     A row whose call raises is dropped from the rounds that follow, with its error recorded; the
     other rows go on. Python's garbage collector is paused for the rounds (after one collection), as
@@ -200,17 +205,74 @@ def _rounds(rows: Mapping[K, TimedCall], protocol: TimingProtocol) -> Outcome:
                     samples[key].append(ms / calls[key])
         return {key: s for key, s in samples.items() if key not in errors}
 
-    first = attempt([k for k in rows if k not in errors])
-    unstable = [key for key, s in first.items() if not within(s, protocol.margin)]
-    second = attempt(unstable) if unstable else {}
+    attempts = {key: [s] for key, s in attempt([k for k in rows if k not in errors]).items()}
+    for _ in range(MAX_ATTEMPTS - 1):
+        unstable = [key for key, tried in attempts.items() if not within(tried[-1], protocol.margin)]
+        if not unstable:
+            break
+        for key, s in attempt(unstable).items():
+            attempts[key].append(s)
     timings = {}
-    for key, samples in first.items():
-        name = rows[key].clock.name
-        if key in second:
-            timings[key] = Timing(tuple(second[key]), calls[key], protocol.margin, name, 2, tuple(samples))
-        elif key not in errors:
-            timings[key] = Timing(tuple(samples), calls[key], protocol.margin, name)
+    for key, tried in attempts.items():
+        if key not in errors:
+            *earlier, last = tried
+            timings[key] = Timing(tuple(last), calls[key], protocol.margin, rows[key].clock.name, len(tried),
+                                  tuple(tuple(s) for s in earlier))
     return Outcome(timings, errors)
+
+
+@dataclass(frozen=True)
+class HostLoad:
+    """What the machine's CPUs did while rows were timed, from Linux's /proc/stat and this process's own
+    usage: shares of all CPUs' time over the span. `others` is the busy time this process did not use
+    (other processes, the kernel's work for them); `steal`, what the hypervisor ran elsewhere. A row
+    timed on the host that is unstable while `others` or `steal` is high was disturbed from outside."""
+
+    seconds: float
+    busy: float
+    others: float
+    steal: float
+    involuntary_switches: int  # this process's, preempted while runnable
+
+    def to_json(self) -> dict:
+        return {"seconds": round(self.seconds, 2), "busy": round(self.busy, 4), "others": round(self.others, 4),
+                "steal": round(self.steal, 4), "involuntary_switches": self.involuntary_switches}
+
+
+def _cpu_ticks() -> tuple[int, int, int] | None:
+    """(all, idle + iowait, steal) ticks of every CPU since boot; None where /proc/stat is not Linux's."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu" or len(fields) < 9:
+        return None
+    ticks = [int(v) for v in fields[1:9]]  # user nice system idle iowait irq softirq steal
+    return sum(ticks), ticks[3] + ticks[4], ticks[7]
+
+
+class HostMeter:
+    """Measures a span's `HostLoad`: `start()`, the work, then `stop()` (None where it cannot be read)."""
+
+    def start(self) -> "HostMeter":
+        import resource
+
+        self._ticks, self._usage, self._wall = _cpu_ticks(), resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        return self
+
+    def stop(self) -> HostLoad | None:
+        import os
+        import resource
+
+        ticks, usage, wall = _cpu_ticks(), resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        if ticks is None or self._ticks is None or ticks[0] <= self._ticks[0]:
+            return None
+        total, idle, steal = (a - b for a, b in zip(ticks, self._ticks))
+        own = (usage.ru_utime + usage.ru_stime - self._usage.ru_utime - self._usage.ru_stime) * os.sysconf("SC_CLK_TCK")
+        busy = total - idle - steal
+        return HostLoad(wall - self._wall, busy / total, max(0.0, busy - own) / total, steal / total,
+                        usage.ru_nivcsw - self._usage.ru_nivcsw)
 
 
 def describe(protocol: TimingProtocol) -> str:
@@ -222,6 +284,6 @@ def describe(protocol: TimingProtocol) -> str:
         f"each (the round's time divided by its calls); the median sample is the result. The rows of an entry "
         f"are interleaved round by round, so drift hits all of them alike; Python's garbage collector is paused "
         f"meanwhile. A row whose samples stray further "
-        f"than {protocol.margin:.0%} from their median is measured once more, then shown as unstable instead "
-        f"of as a result. A speed ratio within 1 ± {protocol.margin:g} counts as on par."
+        f"than {protocol.margin:.0%} from their median is measured again, up to {MAX_ATTEMPTS - 1} more times, then "
+        f"shown as unstable instead of as a result. A speed ratio within 1 ± {protocol.margin:g} counts as on par."
     )
