@@ -44,8 +44,8 @@ unprepared() {  # the entries whose prepare phase has not finished (no note in W
     for name in $names; do [ -f "$WORK/prepared/$name.json" ] || echo "$name"; done
 }
 
-untimed() {  # the prepared entries with no record of this code's timing on this machine
-    python3 - "$WORK" $names <<'PY'
+stale() {  # NAME...: those with no record of this code's timing on this machine (the log says what differs)
+    python3 - "$WORK" "$@" 2>>"$OUT/bench.log" <<'PY'
 import pickle, sys
 from pathlib import Path
 from trtmc.bench.runner import environment
@@ -53,11 +53,21 @@ work, names = Path(sys.argv[1]), sys.argv[2:]
 here = environment("cuda")
 for name in names:
     record = work / "timed" / f"{name}.pickle"
-    if (work / "prepared" / f"{name}.json").is_file() and (
-            not record.is_file() or pickle.loads(record.read_bytes())["environment"] != here):
+    if not record.is_file():
+        print(name)
+        continue
+    there = pickle.loads(record.read_bytes())["environment"]
+    if there != here:
+        differ = {k: (there.get(k), here.get(k)) for k in sorted(set(here) | set(there)) if here.get(k) != there.get(k)}
+        print(f"{name}: recorded by other code or on another machine (record, here): {differ}", file=sys.stderr)
         print(name)
 PY
 }
+
+untimed() {  # the prepared entries with no record of this code's timing on this machine
+    stale $(for name in $names; do [ -f "$WORK/prepared/$name.json" ] && echo "$name"; done)
+}
+
 only=()
 for name in ${ONLY:-}; do
     only+=(--only "$name")
@@ -87,33 +97,12 @@ case "${1:-}" in
             timed $((LIMIT - SECONDS - 5))
         fi ;;
     report)
-        missing=$(for name in $names; do [ -f "$WORK/timed/$name.pickle" ] || echo "$name"; done)
+        # A record of other code or of another machine would be timed again here, unprepared: refuse instead.
+        missing=$(stale $names)
         if [ -n "$missing" ]; then
-            echo "not timed yet: $(echo $missing)" | tee -a "$OUT/bench.log"; exit 1
+            echo "not timed by this code on this machine: $(echo $missing)" | tee -a "$OUT/bench.log"; exit 1
         fi
-        # A record of other code or of another machine would be timed again here, unprepared: refuse instead,
-        # naming what differs.
-        if ! python3 - "$WORK/timed" >>"$OUT/bench.log" 2>&1 <<'PY'
-import pickle, sys
-from pathlib import Path
-from trtmc.bench.runner import environment
-here = environment("cuda")
-differ = {}
-for path in sorted(Path(sys.argv[1]).glob("*.pickle")):
-    there = pickle.loads(path.read_bytes())["environment"]
-    keys = sorted(k for k in set(here) | set(there) if here.get(k) != there.get(k))
-    if keys:
-        differ[path.stem] = {k: (there.get(k), here.get(k)) for k in keys}
-if differ:
-    sys.exit(f"records made by other code or on another machine (record, here): {differ}")
-PY
-        then
-            tail -1 "$OUT/bench.log"; exit 1
-        fi
-        # Every entry from its record (each is checked against this code and machine; one that is not the same is
-        # timed again, which needs its prepared bundle: the log says so).
-        timeout "$LIMIT" python3 -m trtmc bench --random-weights --baseline expert --reuse-prepared --resume \
-            --workdir "$WORK" --out "$OUT/bench" >>"$OUT/bench.log" 2>&1 ;;
+        timed "$LIMIT" ;;  # every entry from its record
     *) echo "usage: [PART=K/N | ONLY=\"NAME ...\"] [RECORDS=DIR] OUT=DIR LIMIT=SECONDS bash tools/gpu_bench.sh run|prepare|time|report" >&2; exit 2 ;;
 esac
 echo "exit status $?" >>"$OUT/bench.log"
