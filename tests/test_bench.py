@@ -173,14 +173,14 @@ def test_rows_are_interleaved_round_by_round_after_their_warmups():
     assert all(t.attempts == 1 and len(t.samples_ms) == 10 for t in outcome.timings.values())
 
 
-def test_row_spreading_beyond_the_margin_is_rerun_twice_then_marked_unstable():
-    jittery = [1.0] * 9 + [1.2]
-    steady, shaky = Scripted(1.0), Scripted(*([1.0] * 3 + jittery * 3))
+def test_row_spreading_beyond_the_margin_is_rerun_up_to_the_attempts_then_marked_unstable():
+    jittery, attempts = [1.0] * 9 + [1.2], timing.MAX_ATTEMPTS
+    steady, shaky = Scripted(1.0), Scripted(*([1.0] * 3 + jittery * attempts))
     outcome = time_interleaved({"steady": TimedCall(lambda: None, steady), "shaky": TimedCall(lambda: None, shaky)}, PROTOCOL)
     shaky_timing = outcome.timings["shaky"]
-    assert len(shaky.calls) == 3 + 3 * 10 and len(steady.calls) == 3 + 10  # only the unstable row is re-run
-    assert shaky_timing.attempts == 3 and not shaky_timing.stable and shaky_timing.spread == pytest.approx(0.2)
-    assert [list(a) for a in shaky_timing.discarded_ms] == [pytest.approx(jittery)] * 2
+    assert len(shaky.calls) == 3 + attempts * 10 and len(steady.calls) == 3 + 10  # only the unstable row is re-run
+    assert shaky_timing.attempts == attempts and not shaky_timing.stable and shaky_timing.spread == pytest.approx(0.2)
+    assert [list(a) for a in shaky_timing.discarded_ms] == [pytest.approx(jittery)] * (attempts - 1)
     assert outcome.timings["steady"].stable
 
 
@@ -420,12 +420,12 @@ def test_unstable_trtmc_row_is_rerun_then_shown_unstable_not_as_a_result(tiny, f
     result = run_entry(tiny_entry(tiny, few_photos), options(tmp_path, baselines=("eager-fp32",)), clock_for=clocks)
     assert result.status == "passed"  # the answer was right; the row just is not a result
     row = result.row(TRTMC, ENGINE, 2)
-    assert row.status == "unstable" and row.timing.attempts == 3 and row.median_ms is None
+    assert row.status == "unstable" and row.timing.attempts == timing.MAX_ATTEMPTS and row.median_ms is None
     assert result.ratio("eager-fp32", 2) is None and result.ratio("eager-fp32", 1) == pytest.approx(2.0)
     bench = bench_result([result], tmp_path, baselines=("eager-fp32",))
     assert "unstable (±" in report.to_markdown(bench)
     row_json = next(r for r in report.to_json(bench)["entries"][0]["rows"] if r["scope"] == "engine" and r["batch"] == 2)
-    assert row_json["status"] == "unstable" and row_json["median_ms"] is None and [len(a) for a in row_json["timing"]["discarded_ms"]] == [3, 3]
+    assert row_json["status"] == "unstable" and row_json["median_ms"] is None and [len(a) for a in row_json["timing"]["discarded_ms"]] == [3] * (timing.MAX_ATTEMPTS - 1)
     assert report.to_json(bench)["summary"]["unstable_rows"] == 1
 
 

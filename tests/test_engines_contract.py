@@ -290,7 +290,7 @@ def test_the_compiled_cuda_module_compiles_one_module_per_set_of_depthwise_taps(
         x = pixels(batch, seed=batch, device="cpu")
         with torch.no_grad():
             assert torch.allclose(compiled(x), reference(x), rtol=1e-4, atol=1e-4)
-    assert len(compiled._by_taps) == 2 and compiled._by_batch[2] is compiled._by_batch[4]
+    assert len(compiled._by_lowering) == 2 and compiled._by_batch[2] is compiled._by_batch[4]
 
 
 def test_the_cuda_engines_round_the_pixels_to_the_graphs_precision_as_they_copy_them():

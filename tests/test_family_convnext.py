@@ -1,4 +1,4 @@
-"""ConvNeXt and ConvNeXt V2: layout from the tensors, the MLP in timm's layout, GRN statistics in fp32, eps
+"""ConvNeXt and ConvNeXt V2: layout from the tensors, a channels-first MLP, GRN statistics in fp32, eps
 from the config, refusals before weights load.
 
 Checks every family shares: test_parity_every_architecture.py, test_refusals_every_family.py.
@@ -36,25 +36,21 @@ def test_layout_reads_depths_widths_and_mlp_form_from_the_tensors(timm_checkpoin
         assert all(b.layer_scale and b.hidden == 4 * s.width for s in layout.stages for b in s.blocks)
 
 
-def test_an_mlp_of_linears_runs_channels_last_and_one_of_1x1_convolutions_channels_first_as_timms(timm_checkpoint):
-    # convnext_tiny stores its MLP as linears: timm permutes each block to [N, H, W, C] around them.
-    _, tiny = build_graph(Checkpoint(timm_checkpoint("convnext_tiny")))
-    assert tiny.node("stages.0.blocks.0.mlp.fc1").kind is OpKind.LINEAR
-    assert tiny.node("stages.0.blocks.0.norm").attrs.axis == 3
-    blocks = sum(1 for n in tiny.nodes if n.name.endswith(".conv_dw"))
-    assert sum(1 for n in tiny.nodes if n.kind is OpKind.TRANSPOSE) == 2 * blocks
-    # convnext_atto stores it as 1x1 convolutions: timm's block stays NCHW (LayerNorm2d).
-    _, atto = build_graph(Checkpoint(timm_checkpoint(SMALLEST)))
-    assert atto.node("stages.0.blocks.0.mlp.fc1").kind is OpKind.CONV2D
-    assert atto.node("stages.0.blocks.0.norm").attrs.axis == 1
-    assert not [n for n in atto.nodes if n.kind is OpKind.TRANSPOSE]
+def test_linear_mlp_runs_as_1x1_convolutions_without_permutes(timm_checkpoint):
+    # convnext_tiny stores its MLP as linears on channels-last tensors; the graph stays NCHW (timm's two
+    # permutes a block as views on channels-last activations ran convnext_tiny 0.655 ms against 0.579 as
+    # 1x1 convolutions at batch 1 on the H200: benchmarks/NOTES.md, runs 7 and 10).
+    _, graph = build_graph(Checkpoint(timm_checkpoint("convnext_tiny")))
+    assert graph.node("stages.0.blocks.0.mlp.fc1").kind is OpKind.CONV2D
+    assert graph.node("stages.0.blocks.0.norm").attrs.axis == 1
+    assert not [n for n in graph.nodes if n.kind is OpKind.TRANSPOSE]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ["convnext_tiny", "convnextv2_tiny"])
-def test_channels_last_blocks_match_timm_in_fp32(arch, timm_checkpoint):
-    # The family-wide parity checks run the smallest architectures, whose MLPs are 1x1 convolutions:
-    # these two take the channels-last path (linears, and V2's GRN over axes 1 and 2).
+def test_linear_mlps_as_1x1_convolutions_match_timm_in_fp32(arch, timm_checkpoint):
+    # The family-wide parity checks run the smallest architectures, whose MLPs timm stores as 1x1
+    # convolutions: these two store linears (and V2 a GRN after them), reshaped here into convolutions.
     assert fp32_relative_error(timm_checkpoint(arch)) < 1e-5
 
 

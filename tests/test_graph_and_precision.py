@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from trtmc.backends.torch_lowering import LOWERINGS, TORCH_DTYPES, GraphModule, depthwise_taps_nodes
+from trtmc.backends.torch_lowering import LOWERINGS, TORCH_DTYPES, GraphModule, depthwise_taps_nodes, vector_product_nodes
 from trtmc.graph import Activation, DType, Graph, GraphError, OpKind
 from trtmc.graph_builder import GraphBuilder
 from trtmc.passes.precision import PrecisionPolicy, UnmatchedOverride, assign_precision
@@ -265,3 +265,36 @@ def test_the_cuda_engine_runs_depthwise_convolutions_as_taps_where_the_h200_meas
     graph = assign_precision(g.finish(), PrecisionPolicy("fp32"))
     assert depthwise_taps_nodes(graph, 1) == {"narrow_dw", "wide_dw"}
     assert depthwise_taps_nodes(graph, 128) == {"narrow_dw"}
+
+
+def _squeeze_excite_graph(precision: str, rng):
+    g = GraphBuilder()
+    x = g.input("pixels", (1, 24, 7, 7))
+    s = g.reduce(x, "se.pool", "mean", (2, 3), keepdim=True)
+    s = g.activation(g.conv2d(s, "se.conv_reduce", rng.standard_normal((6, 24, 1, 1)), rng.standard_normal(6)),
+                     Activation.RELU, "se.act1")
+    s = g.conv2d(s, "se.conv_expand", rng.standard_normal((24, 6, 1, 1)), rng.standard_normal(24))
+    y = g.mul(x, g.activation(s, Activation.SIGMOID, "se.gate"), "se.mul")
+    g.output(g.conv2d(y, "conv_pw", rng.standard_normal((8, 24, 1, 1)) * 0.2))
+    return assign_precision(g.finish(), PrecisionPolicy(precision))
+
+
+def test_the_cuda_engine_runs_the_1x1_convolutions_on_1x1_maps_at_batch_1_as_products_and_a_sum():
+    # A squeeze-excite's two convolutions see a pooled 1x1 map; the pointwise one on the 7x7 map stays a convolution.
+    graph = _squeeze_excite_graph("fp32", np.random.default_rng(1))
+    assert vector_product_nodes(graph, 1) == {"se.conv_reduce", "se.conv_expand"}
+    assert vector_product_nodes(graph, 128) == set()  # at a large batch they are GEMMs for cuBLAS
+
+
+@pytest.mark.parametrize("precision, tolerance", [("fp32", 1e-5), ("fp16", 2e-3), ("bf16", 1e-2)])
+def test_vector_products_compute_the_1x1_convolution_in_the_graphs_precision(precision, tolerance):
+    # Products exact in float32 and a float32 sum, as a tensor core computes the convolution: within the
+    # precision's rounding of the convolution computed in float32 (the CPU reference's half path).
+    rng = np.random.default_rng(2)
+    graph = _squeeze_excite_graph(precision, rng)
+    pixels = torch.from_numpy(rng.standard_normal((3, 24, 7, 7)).astype(np.float32))
+    dtype = TORCH_DTYPES[graph.inputs[0].type.dtype]
+    products = GraphModule(graph, vector_products=vector_product_nodes(graph, 1))
+    reference = GraphModule(graph, half_convolutions_in_fp32=True)
+    got, expected = products(pixels.to(dtype)).float(), reference(pixels.to(dtype)).float()
+    assert got.dtype == expected.dtype and torch.allclose(got, expected, rtol=tolerance, atol=tolerance)

@@ -1,6 +1,7 @@
 """The task's array path: arrays staged to the engine's device in chunks, checked and resized by size,
 give each image exactly the pixels it gets alone."""
 
+import warnings
 from types import SimpleNamespace
 
 import numpy as np
@@ -50,6 +51,18 @@ def test_staged_arrays_hold_the_inputs_values_whatever_their_strides():
     for array, view in zip(arrays, staged(arrays, torch.device("cpu"))):
         assert view.shape == array.shape and view.dtype == torch.float32
         assert np.array_equal(view.numpy(), array)
+
+
+def test_read_only_and_flipped_arrays_are_staged_without_a_warning():
+    # np.asarray of a Pillow image is read-only; a flipped view has negative strides, which torch refuses.
+    rng = np.random.default_rng(3)
+    read_only = rng.random((20, 30, 3), dtype=np.float32)
+    read_only.setflags(write=False)
+    flipped = rng.random((20, 30, 3), dtype=np.float32)[::-1, ::-1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        views = staged([read_only, flipped], torch.device("cpu"))
+    assert np.array_equal(views[0].numpy(), read_only) and np.array_equal(views[1].numpy(), flipped)
 
 
 def test_the_first_bad_array_is_named_whatever_its_size(monkeypatch):

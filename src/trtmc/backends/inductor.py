@@ -34,7 +34,7 @@ import torch
 from ..graph import Graph
 from . import Batching, BuiltEngine, Engine, EngineEntry, EngineSpec, LoadOptions, Progress
 from .engine_io import EngineBase, PixelSpec, device_missing_reason
-from .torch_lowering import channels_last_weights, depthwise_taps_nodes, to_fx
+from .torch_lowering import channels_last_weights, depthwise_taps_nodes, to_fx, vector_product_nodes
 
 log = logging.getLogger(__name__)
 
@@ -179,26 +179,27 @@ def _forget_earlier_compiles() -> None:
 
 
 class _CompiledCuda:
-    """The graph compiled for CUDA, one `torch.compile` per distinct set of depthwise convolutions run as
-    fused taps (`depthwise_taps_nodes`: more of them at batch 1 than at larger batches); a batch size is
+    """The graph compiled for CUDA, one `torch.compile` per distinct lowering: the depthwise convolutions run
+    as fused taps (`depthwise_taps_nodes`: more of them at batch 1 than at larger batches) and the 1x1
+    convolutions on 1x1 maps run as products and a sum (`vector_product_nodes`: at batch 1); a batch size is
     compiled at its first call. fp8/int8 graphs run their quantized 1x1 convolutions and linear ops as FP8 /
     INT8 GEMMs (the quantize ops feeding them fuse into their producers' kernels), not fp16 ops on
     dequantized values."""
 
     def __init__(self, graph: Graph) -> None:
         self._graph = graph
-        self._by_taps: dict[frozenset[str], torch.nn.Module] = {}
+        self._by_lowering: dict[tuple[frozenset[str], frozenset[str]], torch.nn.Module] = {}
         self._by_batch: dict[int, torch.nn.Module] = {}
 
     def __call__(self, pixels: torch.Tensor) -> torch.Tensor:
         batch = pixels.shape[0]
         if batch not in self._by_batch:
-            taps = depthwise_taps_nodes(self._graph, batch)
-            if taps not in self._by_taps:
-                fx = to_fx(self._graph, quantized_gemms=True, depthwise_taps=taps)
+            taps, products = depthwise_taps_nodes(self._graph, batch), vector_product_nodes(self._graph, batch)
+            if (taps, products) not in self._by_lowering:
+                fx = to_fx(self._graph, quantized_gemms=True, depthwise_taps=taps, vector_products=products)
                 module = channels_last_weights(fx.eval().to(pixels.device), self._graph)
-                self._by_taps[taps] = torch.compile(module, dynamic=False)
-            self._by_batch[batch] = self._by_taps[taps]
+                self._by_lowering[taps, products] = torch.compile(module, dynamic=False)
+            self._by_batch[batch] = self._by_lowering[taps, products]
         return self._by_batch[batch](pixels)
 
 

@@ -401,6 +401,40 @@ def _depthwise_taps(node, args, w):
     return out + w(a.bias).reshape(1, -1, 1, 1) if a.bias else out
 
 
+def _is_product_on_a_1x1_map(node: Node, graph: Graph) -> bool:
+    """A dense 1x1 convolution whose input is a 1x1 map (a squeeze-excite's two, a head after global pooling):
+    one matrix-vector product per image."""
+    a = node.attrs
+    if node.kind is not OpKind.CONV2D or a.weight is None or a.groups != 1 or any(a.padding):
+        return False
+    source = graph.node(node.inputs[0]).type.shape
+    return graph.weights[a.weight].shape[2:] == (1, 1) and tuple(source[2:]) == (1, 1)
+
+
+def vector_product_nodes(graph: Graph, batch: int) -> frozenset[str]:
+    """The 1x1 convolutions on 1x1 maps the compiled CUDA engine runs as products and a sum
+    (`_vector_product`) at a batch size: every one at batch 1, where each extern convolution and the
+    pointwise kernel after it are two launches of a few microseconds for a few thousand multiply-adds
+    (ghostnet_100 has 15, efficientnet_b0 32); none at larger batches, where they are GEMMs worth a library."""
+    if batch > 1:
+        return frozenset()
+    return frozenset(n.name for n in graph.nodes if _is_product_on_a_1x1_map(n, graph))
+
+
+def _vector_product(node, args, w):
+    """A 1x1 convolution on a 1x1 map as its products and their sum over the input channels, computed in
+    float32 as a tensor core computes them (a product of two fp16 or bf16 values is exact in float32, and
+    the sum accumulates in float32): a reduction that Inductor generates with the bias and the activation
+    after it in one Triton kernel, where an extern cuDNN call fuses with nothing. Shapes come from the graph
+    (FX traces proxies)."""
+    a = node.attrs
+    weight = w(a.weight).float().flatten(1)[None]  # [1, Cout, Cin]
+    y = (args[0].float().flatten(1)[:, None] * weight).sum(-1)  # [N, Cout]
+    if a.bias:
+        y = y + w(a.bias).float()
+    return y.to(args[0].dtype)[..., None, None]
+
+
 class GraphModule(torch.nn.Module):
     """Runs a graph op by op; the weights are buffers in the dtype of the node that reads them.
 
@@ -409,17 +443,20 @@ class GraphModule(torch.nn.Module):
     finds as FP8 or INT8 GEMMs instead of convolutions of dequantized values (same numbers up to the
     summation order, checked on the CPU); the CUDA inductor engine sets it. `depthwise_taps` names the
     depthwise convolutions to run as sums of shifted taps (`_depthwise_taps`), for Inductor to fuse; the
-    compiled CUDA engine passes `depthwise_taps_nodes(graph, batch)`.
+    compiled CUDA engine passes `depthwise_taps_nodes(graph, batch)`. `vector_products` names the 1x1
+    convolutions on 1x1 maps to run as products and a sum (`_vector_product`; the engine passes
+    `vector_product_nodes(graph, batch)`).
     """
 
     def __init__(
         self, graph: Graph, *, half_convolutions_in_fp32: bool = False, quantized_gemms: bool = False,
-        depthwise_taps: frozenset[str] = frozenset(),
+        depthwise_taps: frozenset[str] = frozenset(), vector_products: frozenset[str] = frozenset(),
     ) -> None:
         super().__init__()
         self.half_convolutions_in_fp32 = half_convolutions_in_fp32
         self._gemms = find_quantized_gemms(graph) if quantized_gemms else {}
         self._taps = depthwise_taps
+        self._products = vector_products
         missing = [k.value for k in OpKind if k not in LOWERINGS]
         if missing:
             raise NotImplementedError(f"no torch lowering for {', '.join(missing)}")
@@ -458,6 +495,8 @@ class GraphModule(torch.nn.Module):
                 lower = _conv2d_half_via_fp32
             if node.name in self._taps:
                 lower = _depthwise_taps
+            if node.name in self._products:
+                lower = _vector_product
             if node.name in self._gemms:
                 gemm = self._gemms[node.name]
                 args, lower = [values[gemm.activation], values[gemm.weight]], functools.partial(_quantized_gemm, gemm)
@@ -467,10 +506,12 @@ class GraphModule(torch.nn.Module):
 
 
 def to_fx(
-    graph: Graph, *, quantized_gemms: bool = False, depthwise_taps: frozenset[str] = frozenset()
+    graph: Graph, *, quantized_gemms: bool = False, depthwise_taps: frozenset[str] = frozenset(),
+    vector_products: frozenset[str] = frozenset(),
 ) -> torch.fx.GraphModule:
     """A flat FX graph of the whole network (the op-by-op loop unrolled by tracing)."""
-    return torch.fx.symbolic_trace(GraphModule(graph, quantized_gemms=quantized_gemms, depthwise_taps=depthwise_taps))
+    return torch.fx.symbolic_trace(GraphModule(
+        graph, quantized_gemms=quantized_gemms, depthwise_taps=depthwise_taps, vector_products=vector_products))
 
 
 # The ops whose 4-D constants are convolution weights, or become them (a quantized weight's dequantize).

@@ -1,4 +1,4 @@
-"""The timing protocol: rounds of back-to-back calls, interleaved across rows, up to two re-runs of an unstable row.
+"""The timing protocol: rounds of back-to-back calls, interleaved across rows, re-runs of an unstable row.
 
 A row is a zero-argument call and the `Clock` that times it. A clock times one round: `calls`
 back-to-back calls, returning the round's milliseconds; a sample is that divided by the calls, so a
@@ -27,8 +27,11 @@ from .spec import TimingProtocol
 MAX_CALLS_PER_ROUND = 100_000
 # A row's measured rounds are run at most this many times: a row still spreading beyond the margin after the
 # last is shown as unstable. Rows timed on the host follow the host's speed, which on the lent GPU machine
-# changes for seconds at a time (benchmarks/NOTES.md, run 7): a later attempt often lands in a quiet spell.
-MAX_ATTEMPTS = 3
+# changes for seconds at a time (benchmarks/NOTES.md, run 7). Measured there (run 11, tools/task_lab.py): spells
+# in which a pure-Python loop ran 1.7-1.9x slower lasted ~3.5 s, with ~8 s quiet between; an attempt re-runs only
+# the unstable rows (~1-2 s), so after three run 10 still left 26 of 72 task rows unstable. Eight attempts give a
+# row about a dozen seconds to meet a quiet spell, for at most seven more rounds of re-runs of that row alone.
+MAX_ATTEMPTS = 8
 
 
 class Clock(Protocol):

@@ -41,7 +41,6 @@ class BlockSpec:
     hidden: int  # MLP width
     layer_scale: bool  # a per-channel `gamma` multiplies the branch before the residual sum
     grn: bool  # V2: a global response norm between the MLP's activation and fc2
-    conv_mlp: bool  # the MLP stored as 1x1 convolutions (atto, nano): timm runs such a block channels-first
 
 
 @dataclass(frozen=True)
@@ -80,7 +79,7 @@ def _block(read: LayoutReader, prefix: str, width: int) -> BlockSpec:
     if grn:
         read.tensor(f"{prefix}.mlp.grn.weight", (hidden,))
         read.tensor(f"{prefix}.mlp.grn.bias", (hidden,))
-    return BlockSpec(prefix, hidden, layer_scale, grn, conv_mlp=pointwise == (1, 1))
+    return BlockSpec(prefix, hidden, layer_scale, grn)
 
 
 def _stage(read: LayoutReader, prefix: str, depth: int, width_in: int) -> StageSpec:
@@ -122,58 +121,46 @@ def derive_layout(ckpt: Checkpoint, arch: ConvNeXtConfig) -> Layout:
     return Layout(patch, stem_width, tuple(stages))
 
 
-def _pointwise(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str, block: BlockSpec) -> Tensor:
-    """An MLP layer as timm stored it: a 1x1 convolution, or a linear over the last axis."""
-    weight, bias = ckpt.tensor(f"{prefix}.weight"), ckpt.tensor(f"{prefix}.bias")
-    if block.conv_mlp:
-        return g.conv2d(x, prefix, weight, bias)
-    return g.linear(x, prefix, weight, bias)
+def _pointwise(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str) -> Tensor:
+    """An MLP layer as a 1x1 convolution, whether timm stored it as one or as a linear."""
+    weight = ckpt.tensor(f"{prefix}.weight")
+    return g.conv2d(x, prefix, weight.reshape(*weight.shape[:2], 1, 1), ckpt.tensor(f"{prefix}.bias"))
 
 
-def _global_response_norm(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str, eps: float, channels: int) -> Tensor:
-    """timm's GlobalResponseNorm: x + weight * (x * Nx) + bias, where Nx = Gx / (mean over channels of
-    Gx + eps) and Gx is each channel's L2 norm over H and W; `channels` is the channel axis (1 or 3).
+def _global_response_norm(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str, eps: float) -> Tensor:
+    """timm's GlobalResponseNorm on an NCHW map: x + weight * (x * Nx) + bias, where Nx = Gx / (mean over
+    channels of Gx + eps) and Gx is each channel's L2 norm over H and W.
 
     The statistics are sensitive like a norm's: a 56x56 sum of squares passes fp16's largest value
     (65504) while the activations are still small.
     """
-    spatial = (2, 3) if channels == 1 else (1, 2)
     squares = g.binary(x, x, Binary.MUL, f"{prefix}.square", sensitive=True)
-    gx = g.reduce(squares, f"{prefix}.sum", Reduction.SUM, spatial, keepdim=True, sensitive=True)
+    gx = g.reduce(squares, f"{prefix}.sum", Reduction.SUM, (2, 3), keepdim=True, sensitive=True)
     gx = g.activation(gx, Activation.SQRT, f"{prefix}.sqrt", sensitive=True)
-    mean = g.reduce(gx, f"{prefix}.mean", Reduction.MEAN, (channels,), keepdim=True, sensitive=True)
+    mean = g.reduce(gx, f"{prefix}.mean", Reduction.MEAN, (1,), keepdim=True, sensitive=True)
     eps_ = g.constant(f"{prefix}.eps", np.full((1, 1, 1, 1), eps), sensitive=True)
     mean = g.binary(mean, eps_, Binary.ADD, f"{prefix}.mean_eps", sensitive=True)
     nx = g.binary(gx, mean, Binary.DIV, f"{prefix}.div", sensitive=True)
-    weighed = g.mul(x, nx, f"{prefix}.mul")
-    y = g.scale(weighed, prefix, ckpt.tensor(f"{prefix}.weight"), ckpt.tensor(f"{prefix}.bias"), axis=channels)
+    y = g.scale(g.mul(x, nx, f"{prefix}.mul"), prefix, ckpt.tensor(f"{prefix}.weight"), ckpt.tensor(f"{prefix}.bias"))
     return g.add(y, x, f"{prefix}.add")
 
 
 def _emit_block(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, block: BlockSpec, arch: ConvNeXtConfig) -> Tensor:
-    # As timm runs it: the depthwise convolution on the NCHW map; then, with an MLP of linears, the rest
-    # of the block channels-last ([1, H, W, C]), its norm over the last axis. On the engines'
-    # channels-last activations the two permutes are views, and each linear is one GEMM over every
-    # pixel (as 1x1 convolutions, convnext_tiny ran 0.96x timm + torch.compile at batch 1; run 7).
-    # An MLP stored as 1x1 convolutions keeps the block channels-first, as timm's LayerNorm2d does.
+    # The whole block stays NCHW: the norm reduces over axis 1 and the MLP runs as 1x1 convolutions,
+    # so the linear variants need none of timm's two permutes per block.
     p = block.prefix
     y = conv(g, x, ckpt, f"{p}.conv_dw")
-    channels = 1 if block.conv_mlp else 3
-    if not block.conv_mlp:
-        y = g.transpose(y, (0, 2, 3, 1), f"{p}.channels_last")
-    y = layer_norm(g, y, ckpt, f"{p}.norm", arch.norm_eps, axis=channels)
-    y = _pointwise(g, y, ckpt, f"{p}.mlp.fc1", block)
+    y = layer_norm(g, y, ckpt, f"{p}.norm", arch.norm_eps, axis=1)
+    y = _pointwise(g, y, ckpt, f"{p}.mlp.fc1")
     y = g.activation(y, arch.act, f"{p}.mlp.act")
     if block.grn:
-        y = _global_response_norm(g, y, ckpt, f"{p}.mlp.grn", arch.grn_eps, channels)
-    y = _pointwise(g, y, ckpt, f"{p}.mlp.fc2", block)
+        y = _global_response_norm(g, y, ckpt, f"{p}.mlp.grn", arch.grn_eps)
+    y = _pointwise(g, y, ckpt, f"{p}.mlp.fc2")
     if block.layer_scale:
         # Kept as its own op rather than folded into fc2: trained gammas are small, and gamma * fc2
-        # would push fp16 weights into the subnormal range. Backends fuse it into the product.
+        # would push fp16 weights into the subnormal range. Backends fuse it into the convolution.
         gamma = ckpt.tensor(f"{p}.gamma")
-        y = g.scale(y, f"{p}.gamma", gamma, np.zeros_like(gamma), axis=channels)
-    if not block.conv_mlp:
-        y = g.transpose(y, (0, 3, 1, 2), f"{p}.channels_first")
+        y = g.scale(y, f"{p}.gamma", gamma, np.zeros_like(gamma))
     return g.add(y, x, f"{p}.add")
 
 
