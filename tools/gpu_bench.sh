@@ -2,8 +2,10 @@
 # The full bench (`trtmc bench --random-weights --baseline expert`, every entry of benchmarks/performance.yaml) on
 # the GPU machine. One call is at most 10 minutes and the whole takes more, so `run` does what one call can and
 # the same command, repeated on the same machine (each call within the 30 s it stays warm), finishes it:
-#   OUT=$OUT LIMIT=585 bash tools/gpu_bench.sh run   # prepare what is not prepared, time what is prepared and not
-#                                                    # timed by this code, write the report once all are timed
+#   OUT=$OUT LIMIT=585 bash tools/gpu_bench.sh run   # prepare what is neither prepared nor timed by this code, time
+#                                                    # what is prepared and not timed, the report once all are timed
+# A session that runs out of device time keeps its records ($OUT/timed.tar.gz): unpacked into RECORDS and carried,
+# the next session's calls (same code, same machine kind) prepare and time only the rest.
 # Preparing runs JOBS entries at a time (default 14), each process with its share of the CPUs (`trtmc bench
 # --prepare-jobs`); every entry's prepare leaves a note, so a prepare cut short by the time limit is taken up where
 # it stopped, and timing never starts on an entry whose baselines were not compiled yet. Timing runs after
@@ -85,14 +87,20 @@ case "${1:-}" in
     run)
         { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv; nproc; free -g; } \
             >>"$OUT/bench.log" 2>&1
-        [ -n "$(unprepared)" ] && prepare $((LIMIT - SECONDS - 20))
+        # Entries already timed by this code (records from an earlier call or session) are not prepared again.
+        toprepare=$(stale $(unprepared))
+        if [ -n "$toprepare" ]; then
+            args=()
+            for name in $toprepare; do args+=(--only "$name"); done
+            prepare $((LIMIT - SECONDS - 20)) "${args[@]}"
+        fi
         todo=$(untimed)
         if [ -n "$todo" ] && [ $((LIMIT - SECONDS)) -gt 60 ]; then
             args=()
             for name in $todo; do args+=(--only "$name"); done
             timed $((LIMIT - SECONDS - 15)) "${args[@]}"
         fi
-        if [ -z "$(untimed)" ] && [ -z "$(unprepared)" ]; then
+        if [ -z "$(stale $names)" ]; then
             echo "every entry timed: the report" >>"$OUT/bench.log"
             timed $((LIMIT - SECONDS - 5))
         fi ;;
