@@ -93,8 +93,9 @@ class TimingProtocol:
 
     A round is back-to-back calls lasting at least `round_ms` (the warm-ups calibrate how many calls
     that takes); its sample is the round's time divided by its calls. `margin` is both the stability
-    bound (a row whose samples stray further than this fraction from their median is re-run, up to twice,
-    then marked unstable) and the equivalence margin (a speed ratio within 1 +- margin counts as on par).
+    bound (a row whose samples stray further than this fraction from their median is re-run, up to
+    `timing.MAX_ATTEMPTS` attempts in all, then marked unstable) and the equivalence margin (a speed ratio
+    within 1 +- margin counts as on par).
     """
 
     warmups: int = 3
