@@ -267,6 +267,22 @@ def test_the_cuda_engine_runs_depthwise_convolutions_as_taps_where_the_h200_meas
     assert depthwise_taps_nodes(graph, 128) == {"narrow_dw"}
 
 
+def test_depthwise_convolutions_feeding_a_layer_norm_stay_convolutions_at_batch_1():
+    # ConvNeXt's 7x7 depthwise convolution feeds its layer norm (in fp32, through a cast); as taps Inductor
+    # fused them into the norm's reduction loop, 0.835 ms against 0.579 on cuDNN (convnext_tiny, H200).
+    rng = np.random.default_rng(4)
+    g = GraphBuilder()
+    x = g.input("pixels", (1, 16, 14, 14))
+    dw = g.conv2d(x, "block.conv_dw", rng.standard_normal((16, 1, 7, 7)), rng.standard_normal(16), padding=3, groups=16)
+    normed = g.layer_norm(dw, "block.norm", np.ones(16), np.zeros(16), 1e-6, axis=1)
+    permuted = g.transpose(g.conv2d(x, "other_dw", rng.standard_normal((16, 1, 3, 3)), padding=1, groups=16),
+                           (0, 2, 3, 1), "other.channels_last")
+    tokens = g.layer_norm(permuted, "other.norm", np.ones(16), np.zeros(16), 1e-6, axis=3)
+    g.output(g.add(normed, g.transpose(tokens, (0, 3, 1, 2), "other.channels_first"), "sum"))
+    for precision in ("fp32", "fp16"):
+        assert depthwise_taps_nodes(assign_precision(g.finish(), PrecisionPolicy(precision)), 1) == set()
+
+
 def _squeeze_excite_graph(precision: str, rng):
     g = GraphBuilder()
     x = g.input("pixels", (1, 24, 7, 7))

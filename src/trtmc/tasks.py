@@ -222,7 +222,9 @@ def staged(arrays: list[np.ndarray], device: torch.device) -> list[torch.Tensor]
 
     The copy into the buffer is torch's `copy_`, split over its intra-op threads: on the H200 machine, 128
     photos (423 MB) took 13.6 ms where numpy's one-thread `copyto` took 62.5, and the task at batch 128 went
-    82.4 -> 32.5 ms (benchmarks/NOTES.md, run 11)."""
+    82.4 -> 32.5 ms, and in the bench 80 -> 30 ms for resnet50 (benchmarks/NOTES.md, run 11). The bench's task
+    rows were noisier with it there (5 of 44 stable at their first attempt, 10 with numpy's copy; a guess not
+    yet measured: a copy over 16 threads waits for the slowest of them)."""
     host = torch.empty(sum(a.size for a in arrays), dtype=torch.float32, pin_memory=device.type == "cuda")
     offset = 0
     for array in arrays:

@@ -27,10 +27,9 @@ from .spec import TimingProtocol
 MAX_CALLS_PER_ROUND = 100_000
 # A row's measured rounds are run at most this many times: a row still spreading beyond the margin after the
 # last is shown as unstable. Rows timed on the host follow the host's speed, which on the lent GPU machine
-# changes for seconds at a time (benchmarks/NOTES.md, run 7). Measured there (run 11, tools/task_lab.py): spells
-# in which a pure-Python loop ran 1.7-1.9x slower lasted ~3.5 s, with ~8 s quiet between; an attempt re-runs only
-# the unstable rows (~1-2 s), so after three run 10 still left 26 of 72 task rows unstable. Eight attempts give a
-# row about a dozen seconds to meet a quiet spell, for at most seven more rounds of re-runs of that row alone.
+# changes for seconds at a time (benchmarks/NOTES.md, runs 7 and 11): a later attempt often lands in a quiet
+# spell. Measured (run 11, 44 task rows of 22 entries): 5 stable at the first attempt, 15 within three, 29
+# within eight; an extra attempt re-runs only the unstable rows (~0.5 s each).
 MAX_ATTEMPTS = 8
 
 

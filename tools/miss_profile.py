@@ -1,0 +1,102 @@
+"""Where trtmc's engine and the expert baseline spend their time, on the same GPU (issue 12's misses).
+
+For each LABEL=ARCH=BUNDLE: the bundle's CUDA engine (loaded as the bench loads it) and the bench's `expert`
+baseline of timm's ARCH (random init: speed does not depend on the values), at batch 1 and 128: both timed
+interleaved, a round at least 20 ms of back-to-back calls, median of 10 rounds (as `trtmc bench` times
+them), and the kernels of one call of each from torch.profiler, summed by kind (tools/kernel_profile.py's
+kinds) with the 15 longest. Bundles of one ARCH share one expert, so two builds of ARCH compare directly.
+Writes OUT_DIR/LABEL.json and prints one line per row.
+
+    PYTHONPATH=src python tools/miss_profile.py OUT_DIR LABEL=ARCH=BUNDLE ...
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kernel_profile import kind_of  # noqa: E402
+
+BATCHES = (1, 128)
+
+
+def kernels(fn) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    by_name: dict[str, list[float]] = defaultdict(list)
+    for e in prof.events():
+        if e.device_type.name == "CUDA" and not e.name.startswith(("Memcpy", "Memset")):
+            by_name[e.name].append(e.time_range.elapsed_us())
+    kinds: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for name, times in by_name.items():
+        kinds[kind_of(name)][0] += len(times)
+        kinds[kind_of(name)][1] += sum(times)
+    top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:15]
+    return {"kernels": sum(len(t) for t in by_name.values()), "kernel_us": round(sum(sum(t) for t in by_name.values()), 1),
+            "by_kind": {k: {"kernels": v[0], "us": round(v[1], 1)} for k, v in kinds.items()},
+            "top": [{"name": n[:100], "count": len(t), "us": round(sum(t), 1)} for n, t in top]}
+
+
+def timed(rows: dict) -> dict:
+    """Each row's median ms per call, spread and calls per round, timed as `trtmc bench` times engine rows
+    (its protocol and CUDA-event clock, rows interleaved round by round)."""
+    from trtmc.bench.spec import TimingProtocol
+    from trtmc.bench.timing import CudaEventClock, TimedCall, time_interleaved
+
+    outcome = time_interleaved({name: TimedCall(fn, CudaEventClock()) for name, fn in rows.items()}, TimingProtocol())
+    if outcome.errors:
+        raise RuntimeError(f"rows failed: {dict(outcome.errors)}")
+    return {name: {"median_ms": round(t.median_ms, 4), "spread": round(t.spread, 4), "calls": t.calls_per_round,
+                   "attempts": t.attempts} for name, t in outcome.timings.items()}
+
+
+def main() -> None:
+    import timm
+
+    from trtmc.backends.torch_lowering import TORCH_DTYPES
+    from trtmc.bench.baselines import make_baseline
+    from trtmc.runtime import Runtime
+
+    out_dir = Path(sys.argv[1])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    experts = {}
+    for spec in sys.argv[2:]:
+        label, arch, bundle = spec.split("=", 2)
+        runtime = Runtime.open(Path(bundle))
+        runtime.engine.warm_up()
+        if arch not in experts:
+            model = timm.create_model(arch, pretrained=False).eval().cuda()
+            experts[arch] = make_baseline("expert", model, "fp16", "cuda")
+        expert = experts[arch]
+        shape = runtime.graph.inputs[0].type.shape
+        dtype = TORCH_DTYPES[runtime.graph.inputs[0].type.dtype]
+        result = {"label": label, "arch": arch, "engine": runtime.choice.key, "batches": {}}
+        with torch.no_grad():
+            for batch in BATCHES:
+                pixels = torch.rand((batch, *shape[1:]), device="cuda")
+                x_trtmc = pixels.to(dtype).contiguous()
+                x_expert = expert.prepare(pixels)
+                rows = {"trtmc": lambda: runtime.engine(x_trtmc), "expert": lambda: expert(x_expert)}
+                for fn in rows.values():
+                    fn()
+                times = timed(rows)
+                result["batches"][batch] = {name: {**times[name], **kernels(fn)} for name, fn in rows.items()}
+                t, e = result["batches"][batch]["trtmc"], result["batches"][batch]["expert"]
+                print(f"{label:22} b{batch:<3} trtmc {t['median_ms']:.3f} ms ({t['kernels']} kernels, {t['kernel_us']:.0f} us)"
+                      f" expert {e['median_ms']:.3f} ms ({e['kernels']} kernels, {e['kernel_us']:.0f} us)"
+                      f" ratio {e['median_ms'] / t['median_ms']:.3f}", flush=True)
+        (out_dir / f"{label}.json").write_text(json.dumps(result, indent=1))
+        del runtime
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
