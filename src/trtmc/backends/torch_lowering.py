@@ -342,7 +342,6 @@ def _is_depthwise(node: Node, graph: Graph) -> bool:
     return shape[1] == 1 and a.groups == shape[0] > 1
 
 
-# Ops that pass one tensor on elementwise: Inductor fuses them with their producer whatever follows.
 # What Inductor fuses a producer through: one-input elementwise ops and views.
 _FUSES_THROUGH = (OpKind.SCALE, OpKind.ACTIVATION, OpKind.CAST, OpKind.TRANSPOSE, OpKind.RESHAPE)
 # Ops that Inductor generates as reduction loops: a norm's statistics are a reduction like a mean's.
