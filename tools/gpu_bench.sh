@@ -70,35 +70,31 @@ untimed() {  # the prepared entries with no record of this code's timing on this
     stale $(for name in $names; do [ -f "$WORK/prepared/$name.json" ] && echo "$name"; done)
 }
 
-only=()
-for name in ${ONLY:-}; do
-    only+=(--only "$name")
-done
+on() {  # FN LIMIT NAME...: FN (prepare or timed) for those entries only, or for every entry without a NAME
+    local fn=$1 limit=$2 args=()
+    shift 2
+    for name in "$@"; do args+=(--only "$name"); done
+    "$fn" "$limit" "${args[@]}"
+}
+
+selected="${ONLY:-}"
 if [ -n "${PART:-}" ]; then
-    for name in $(echo "$names" | awk -v k="${PART%/*}" -v n="${PART#*/}" '(NR - 1) % n == k - 1'); do
-        only+=(--only "$name")
-    done
+    selected="$selected $(echo "$names" | awk -v k="${PART%/*}" -v n="${PART#*/}" '(NR - 1) % n == k - 1')"
 fi
 case "${1:-}" in
     prepare)
-        prepare "$LIMIT" "${only[@]}" ;;
+        on prepare "$LIMIT" $selected ;;
     time)
-        timed "$LIMIT" "${only[@]}" ;;
+        on timed "$LIMIT" $selected ;;
     run)
         { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv; nproc; free -g; } \
             >>"$OUT/bench.log" 2>&1
         # Entries already timed by this code (records from an earlier call or session) are not prepared again.
         toprepare=$(stale $(unprepared))
-        if [ -n "$toprepare" ]; then
-            args=()
-            for name in $toprepare; do args+=(--only "$name"); done
-            prepare $((LIMIT - SECONDS - 20)) "${args[@]}"
-        fi
+        [ -n "$toprepare" ] && on prepare $((LIMIT - SECONDS - 20)) $toprepare
         todo=$(untimed)
         if [ -n "$todo" ] && [ $((LIMIT - SECONDS)) -gt 60 ]; then
-            args=()
-            for name in $todo; do args+=(--only "$name"); done
-            timed $((LIMIT - SECONDS - 15)) "${args[@]}"
+            on timed $((LIMIT - SECONDS - 15)) $todo
         fi
         if [ -z "$(stale $names)" ]; then
             echo "every entry timed: the report" >>"$OUT/bench.log"

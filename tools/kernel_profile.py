@@ -28,6 +28,15 @@ def kind_of(name: str) -> str:
     return "other"
 
 
+def kernel_times(prof) -> dict[str, list[float]]:
+    """Each CUDA kernel's durations (us) in a finished torch.profiler run, copies and fills left out."""
+    per_kernel: dict[str, list[float]] = defaultdict(list)
+    for e in prof.events():
+        if e.device_type.name == "CUDA" and not e.name.startswith(("Memcpy", "Memset")):
+            per_kernel[e.name].append(e.time_range.elapsed_us())
+    return per_kernel
+
+
 def main() -> None:
     arch, batch, out = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
     import torch
@@ -57,10 +66,7 @@ def main() -> None:
             for _ in range(RUNS):
                 compiled(x)
             torch.cuda.synchronize()
-    per_kernel: dict[str, list[float]] = defaultdict(list)
-    for e in prof.events():
-        if e.device_type.name == "CUDA" and not e.name.startswith(("Memcpy", "Memset")):
-            per_kernel[e.name].append(e.time_range.elapsed_us())
+    per_kernel = kernel_times(prof)
     kinds: dict[str, dict[str, float]] = defaultdict(lambda: {"kernels_per_call": 0, "us_per_call": 0.0})
     for name, times in per_kernel.items():
         k = kinds[kind_of(name)]

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernel_profile import kind_of  # noqa: E402
+from kernel_profile import kernel_times, kind_of  # noqa: E402
 
 BATCHES = (1, 128)
 
@@ -31,10 +31,7 @@ def kernels(fn) -> dict:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    by_name: dict[str, list[float]] = defaultdict(list)
-    for e in prof.events():
-        if e.device_type.name == "CUDA" and not e.name.startswith(("Memcpy", "Memset")):
-            by_name[e.name].append(e.time_range.elapsed_us())
+    by_name = kernel_times(prof)
     kinds: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     for name, times in by_name.items():
         kinds[kind_of(name)][0] += len(times)

@@ -38,23 +38,9 @@ def decoded_photos() -> list[np.ndarray]:
     return out
 
 
-def host_ms(fn, calls: int) -> float:
-    torch.cuda.synchronize()
-    started = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - started) * 1e3 / calls
-
-
-def event_ms(fn, calls: int) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(calls):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / calls
+def per_call(clock):
+    """The bench's round clock (`trtmc.bench.timing`) as milliseconds per call."""
+    return lambda fn, calls: clock(fn, calls) / calls
 
 
 def main() -> None:
@@ -117,6 +103,9 @@ def main() -> None:
             s += i
         return s
 
+    from trtmc.bench.timing import CudaEventClock, HostClock
+
+    host_ms, event_ms = per_call(HostClock("cuda")), per_call(CudaEventClock())
     rows = {  # name: (fn, clock, calls per round)
         "task_b1": (lambda: image_to_class_scores(runtime, [photos[0]]), host_ms, 20),
         "task_b128": (lambda: image_to_class_scores(runtime, b128), host_ms, 1),
