@@ -5,23 +5,60 @@ import pytest
 from trtmc.random_weights import CALIBRATION_IMAGES, BatchNormStatistics, RandomWeights, save_random_checkpoint
 
 
+# Random checkpoints of full-size models run to hundreds of MB each (vit_base_patch16_224: 331 MB), and the
+# suite asks for some 300 of them: kept all session they filled 11 GB of a CI disk that had less to give.
+# So the cache keeps what fits in CHECKPOINT_CACHE_BYTES, giving up the least recently used between modules
+# (never during one, so a path a module fixture holds stays valid while its tests run); a checkpoint asked
+# for again after that is written again.
+CHECKPOINT_CACHE_BYTES = 2 * 2**30
+
+
+class CheckpointCache:
+    def __init__(self, tmp_path_factory, budget_bytes: int):
+        self._factory, self._budget = tmp_path_factory, budget_bytes
+        self._entries: dict[tuple, tuple[object, int]] = {}  # key -> (folder, bytes on disk), oldest use first
+
+    def get(self, key: tuple, arch: str, weights, timm_kwargs: dict):
+        if key in self._entries:
+            self._entries[key] = self._entries.pop(key)  # now the most recently used
+        else:
+            folder = save_random_checkpoint(arch, self._factory.mktemp(arch.replace("/", "_")), weights, **timm_kwargs)
+            self._entries[key] = (folder, sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()))
+        return self._entries[key][0]
+
+    def trim(self) -> None:
+        """Between modules: remove the least recently used checkpoints until the rest fit the budget."""
+        import shutil
+
+        while self._entries and sum(size for _, size in self._entries.values()) > self._budget:
+            folder, _ = self._entries.pop(next(iter(self._entries)))
+            shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
-def timm_checkpoint(tmp_path_factory):
+def checkpoint_cache(tmp_path_factory):
+    return CheckpointCache(tmp_path_factory, CHECKPOINT_CACHE_BYTES)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _trim_checkpoint_cache(checkpoint_cache):
+    yield
+    checkpoint_cache.trim()
+
+
+@pytest.fixture(scope="session")
+def timm_checkpoint(checkpoint_cache):
     """`timm_checkpoint("ghostnet_100")` -> folder with random weights (batch-norm statistics calibrated on
-    noise) in the HF layout, cached per session. Keywords: `seed`, `statistics` (a BatchNormStatistics),
-    `calibration_images` (how many noise images), and anything else for `timm.create_model`."""
-    cache: dict[tuple, object] = {}
+    noise) in the HF layout, cached (see CheckpointCache). Keywords: `seed`, `statistics` (a
+    BatchNormStatistics), `calibration_images` (how many noise images), and anything else for
+    `timm.create_model`."""
 
     def make(
         arch: str, *, seed: int = 0, statistics=BatchNormStatistics.CALIBRATED, calibration_images=CALIBRATION_IMAGES,
         **timm_kwargs,
     ):
         weights = RandomWeights(seed, statistics, calibration_images)
-        key = (arch, weights, repr(sorted(timm_kwargs.items())))
-        if key not in cache:
-            folder = tmp_path_factory.mktemp(arch.replace("/", "_"))
-            cache[key] = save_random_checkpoint(arch, folder, weights, **timm_kwargs)
-        return cache[key]
+        return checkpoint_cache.get((arch, weights, repr(sorted(timm_kwargs.items()))), arch, weights, timm_kwargs)
 
     return make
 
