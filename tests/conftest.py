@@ -7,43 +7,75 @@ from trtmc.random_weights import CALIBRATION_IMAGES, BatchNormStatistics, Random
 
 # Random checkpoints of full-size models run to hundreds of MB each (vit_base_patch16_224: 331 MB), and the
 # suite asks for some 300 of them: kept all session they filled 11 GB of a CI disk that had less to give.
-# So the cache keeps what fits in CHECKPOINT_CACHE_BYTES, giving up the least recently used between modules
-# (never during one, so a path a module fixture holds stays valid while its tests run); a checkpoint asked
-# for again after that is written again.
+# So the cache keeps what fits in CHECKPOINT_CACHE_BYTES and gives up the least recently used: after a test,
+# only checkpoints that test bodies asked for (a fixture may hold its path for the module's later tests);
+# between modules, any. A checkpoint asked for again after that is written again, so the tests that take an
+# `arch` run architecture by architecture (pytest_collection_modifyitems), each written once per module.
 CHECKPOINT_CACHE_BYTES = 2 * 2**30
 
 
 class CheckpointCache:
     def __init__(self, tmp_path_factory, budget_bytes: int):
         self._factory, self._budget = tmp_path_factory, budget_bytes
-        self._entries: dict[tuple, tuple[object, int]] = {}  # key -> (folder, bytes on disk), oldest use first
+        self._entries: dict[tuple, list] = {}  # key -> [folder, bytes on disk, held by a fixture], oldest use first
+        self.in_test_body = False  # set around each test's call (pytest_runtest_call below)
 
     def get(self, key: tuple, arch: str, weights, timm_kwargs: dict):
         if key in self._entries:
             self._entries[key] = self._entries.pop(key)  # now the most recently used
         else:
             folder = save_random_checkpoint(arch, self._factory.mktemp(arch.replace("/", "_")), weights, **timm_kwargs)
-            self._entries[key] = (folder, sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()))
+            self._entries[key] = [folder, sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()), False]
+        self._entries[key][2] |= not self.in_test_body
         return self._entries[key][0]
 
-    def trim(self) -> None:
-        """Between modules: remove the least recently used checkpoints until the rest fit the budget."""
+    def trim(self, *, module_done: bool) -> None:
+        """Remove the least recently used checkpoints that may go until the rest fit the budget."""
         import shutil
 
-        while self._entries and sum(size for _, size in self._entries.values()) > self._budget:
-            folder, _ = self._entries.pop(next(iter(self._entries)))
-            shutil.rmtree(folder, ignore_errors=True)
+        total = sum(size for _, size, _ in self._entries.values())
+        for key, (folder, size, held) in list(self._entries.items()):
+            if total <= self._budget:
+                break
+            if module_done or not held:
+                del self._entries[key]
+                shutil.rmtree(folder, ignore_errors=True)
+                total -= size
+        if module_done:
+            for entry in self._entries.values():
+                entry[2] = False  # the next module's fixtures hold what they ask for again
+
+
+_CACHES: list[CheckpointCache] = []
 
 
 @pytest.fixture(scope="session")
 def checkpoint_cache(tmp_path_factory):
-    return CheckpointCache(tmp_path_factory, CHECKPOINT_CACHE_BYTES)
+    _CACHES.append(CheckpointCache(tmp_path_factory, CHECKPOINT_CACHE_BYTES))
+    return _CACHES[-1]
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _trim_checkpoint_cache(checkpoint_cache):
+def _trim_checkpoints_after_each_module(checkpoint_cache):
     yield
-    checkpoint_cache.trim()
+    checkpoint_cache.trim(module_done=True)
+
+
+@pytest.fixture(autouse=True)
+def _trim_checkpoints_after_each_test(checkpoint_cache):
+    yield
+    checkpoint_cache.trim(module_done=False)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    for cache in _CACHES:
+        cache.in_test_body = True
+    try:
+        return (yield)
+    finally:
+        for cache in _CACHES:
+            cache.in_test_body = False
 
 
 @pytest.fixture(scope="session")
@@ -171,4 +203,14 @@ def pytest_collection_modifyitems(config, items):
         kept.append(item)
     if deselected:
         config.hook.pytest_deselected(items=deselected)
-        items[:] = kept
+    # Within a module, the tests that take an `arch` run architecture by architecture (the checkpoint cache's
+    # note above); everything else keeps its place.
+    first_seen: dict[tuple, int] = {}
+    for index, item in enumerate(kept):
+        first_seen.setdefault(_arch_group(item), index)
+    items[:] = sorted(kept, key=lambda item: first_seen[_arch_group(item)])
+
+
+def _arch_group(item) -> tuple:
+    arch = getattr(getattr(item, "callspec", None), "params", {}).get("arch")
+    return (item.module.__name__, arch) if arch is not None else (item.nodeid,)
