@@ -11,8 +11,10 @@
 # it stopped, and timing never starts on an entry whose baselines were not compiled yet. Timing runs after
 # preparing, never beside it (the task rows are timed on the host).
 # The steps alone, as before:
-#   [PART=K/N | ONLY="NAME ..."] OUT=$OUT LIMIT=570 bash tools/gpu_bench.sh prepare|time|report
-# PART=K/N takes every N-th entry from the K-th; ONLY="a b" takes those entries; without either, all.
+#   [PART=K/N | ONLY="NAME ..."] OUT=$OUT LIMIT=570 bash tools/gpu_bench.sh run|prepare|time|report
+# PART=K/N takes every N-th entry from the K-th; ONLY="a b" takes those entries; without either, all. `run` with
+# them prepares and times those entries only. `time` times only prepared entries and names the others: given an
+# unprepared entry, `trtmc bench` would build it inside the time limit (run 12 lost a call's last 270 s so).
 # A record (WORKDIR/timed/NAME.pickle) is taken by `--resume` only when the code (trtmc's source digest), the versions,
 # the machine and the entry are the same; RECORDS (default bench-records/timed) are copied into the work folder first.
 # $OUT gets bench.log, timed.tar.gz (the records) and, from `time` and `report`, bench/results.{json,md} and latency.png.
@@ -42,8 +44,12 @@ timed() {  # LIMIT [--only NAME ...]: time with the prepared bundles; entries ti
     echo "time exit status $?" >>"$OUT/bench.log"
 }
 
-unprepared() {  # the entries whose prepare phase has not finished (no note in WORK/prepared)
-    for name in $names; do [ -f "$WORK/prepared/$name.json" ] || echo "$name"; done
+unprepared() {  # the chosen entries whose prepare phase has not finished (no note in WORK/prepared)
+    for name in $chosen; do [ -f "$WORK/prepared/$name.json" ] || echo "$name"; done
+}
+
+prepared() {  # NAME...: those whose prepare phase has finished
+    for name in "$@"; do [ -f "$WORK/prepared/$name.json" ] && echo "$name"; done
 }
 
 stale() {  # NAME...: those with no record of this code's timing on this machine (the log says what differs)
@@ -66,8 +72,8 @@ for name in names:
 PY
 }
 
-untimed() {  # the prepared entries with no record of this code's timing on this machine
-    stale $(for name in $names; do [ -f "$WORK/prepared/$name.json" ] && echo "$name"; done)
+untimed() {  # the chosen prepared entries with no record of this code's timing on this machine
+    stale $(prepared $chosen)
 }
 
 on() {  # FN LIMIT NAME...: FN (prepare or timed) for those entries only, or for every entry without a NAME
@@ -81,11 +87,15 @@ selected="${ONLY:-}"
 if [ -n "${PART:-}" ]; then
     selected="$selected $(echo "$names" | awk -v k="${PART%/*}" -v n="${PART#*/}" '(NR - 1) % n == k - 1')"
 fi
+chosen=${selected:-$names}
 case "${1:-}" in
     prepare)
         on prepare "$LIMIT" $selected ;;
     time)
-        on timed "$LIMIT" $selected ;;
+        left=$(unprepared)
+        [ -n "$left" ] && echo "not prepared, so not timed: $(echo $left)" | tee -a "$OUT/bench.log"
+        ready=$(prepared $chosen)
+        if [ -n "$ready" ]; then on timed "$LIMIT" $ready; fi ;;
     run)
         { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv; nproc; free -g; } \
             >>"$OUT/bench.log" 2>&1
@@ -96,17 +106,17 @@ case "${1:-}" in
         if [ -n "$todo" ] && [ $((LIMIT - SECONDS)) -gt 60 ]; then
             on timed $((LIMIT - SECONDS - 15)) $todo
         fi
-        if [ -z "$(stale $names)" ]; then
-            echo "every entry timed: the report" >>"$OUT/bench.log"
-            timed $((LIMIT - SECONDS - 5))
+        if [ -z "$(stale $chosen)" ]; then
+            echo "every chosen entry timed: the report" >>"$OUT/bench.log"
+            on timed $((LIMIT - SECONDS - 5)) $selected
         fi ;;
     report)
         # A record of other code or of another machine would be timed again here, unprepared: refuse instead.
-        missing=$(stale $names)
+        missing=$(stale $chosen)
         if [ -n "$missing" ]; then
             echo "not timed by this code on this machine: $(echo $missing)" | tee -a "$OUT/bench.log"; exit 1
         fi
-        timed "$LIMIT" ;;  # every entry from its record
+        on timed "$LIMIT" $selected ;;  # every chosen entry from its record
     *) echo "usage: [PART=K/N | ONLY=\"NAME ...\"] [RECORDS=DIR] OUT=DIR LIMIT=SECONDS bash tools/gpu_bench.sh run|prepare|time|report" >&2; exit 2 ;;
 esac
 echo "exit status $?" >>"$OUT/bench.log"
