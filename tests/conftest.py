@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+
 import pytest
 
 from trtmc.random_weights import CALIBRATION_IMAGES, BatchNormStatistics, RandomWeights, save_random_checkpoint
@@ -14,36 +17,44 @@ from trtmc.random_weights import CALIBRATION_IMAGES, BatchNormStatistics, Random
 CHECKPOINT_CACHE_BYTES = 2 * 2**30
 
 
+@dataclass
+class CachedCheckpoint:
+    folder: Path
+    size: int  # bytes on disk
+    held: bool = False  # asked for by a fixture of the current module, which may keep its path
+
+
 class CheckpointCache:
     def __init__(self, tmp_path_factory, budget_bytes: int):
         self._factory, self._budget = tmp_path_factory, budget_bytes
-        self._entries: dict[tuple, list] = {}  # key -> [folder, bytes on disk, held by a fixture], oldest use first
+        self._entries: dict[tuple, CachedCheckpoint] = {}  # oldest use first
         self.in_test_body = False  # set around each test's call (pytest_runtest_call below)
 
-    def get(self, key: tuple, arch: str, weights, timm_kwargs: dict):
+    def get(self, key: tuple, arch: str, weights, timm_kwargs: dict) -> Path:
         if key in self._entries:
             self._entries[key] = self._entries.pop(key)  # now the most recently used
         else:
             folder = save_random_checkpoint(arch, self._factory.mktemp(arch.replace("/", "_")), weights, **timm_kwargs)
-            self._entries[key] = [folder, sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()), False]
-        self._entries[key][2] |= not self.in_test_body
-        return self._entries[key][0]
+            self._entries[key] = CachedCheckpoint(folder, sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()))
+        entry = self._entries[key]
+        entry.held |= not self.in_test_body
+        return entry.folder
 
     def trim(self, *, module_done: bool) -> None:
         """Remove the least recently used checkpoints that may go until the rest fit the budget."""
         import shutil
 
-        total = sum(size for _, size, _ in self._entries.values())
-        for key, (folder, size, held) in list(self._entries.items()):
+        total = sum(entry.size for entry in self._entries.values())
+        for key, entry in list(self._entries.items()):
             if total <= self._budget:
                 break
-            if module_done or not held:
+            if module_done or not entry.held:
                 del self._entries[key]
-                shutil.rmtree(folder, ignore_errors=True)
-                total -= size
+                shutil.rmtree(entry.folder, ignore_errors=True)
+                total -= entry.size
         if module_done:
             for entry in self._entries.values():
-                entry[2] = False  # the next module's fixtures hold what they ask for again
+                entry.held = False  # the next module's fixtures hold what they ask for again
 
 
 _CACHES: list[CheckpointCache] = []
