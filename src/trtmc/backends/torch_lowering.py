@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -440,6 +440,15 @@ def _vector_product(node, args, w):
     return y.to(args[0].dtype)[..., None, None]
 
 
+class Fusion(Protocol):
+    """Several nodes computed by one call (`fused_convolutions.FusedConvolution`): `lower` gives the value of the
+    node it is keyed by, from the values computed so far; the `absorbed` nodes are not computed on their own."""
+
+    absorbed: frozenset[str]
+
+    def lower(self, values: dict[str, torch.Tensor], w: Callable[[str], torch.Tensor]) -> torch.Tensor: ...
+
+
 class GraphModule(torch.nn.Module):
     """Runs a graph op by op; the weights are buffers in the dtype of the node that reads them.
 
@@ -450,18 +459,23 @@ class GraphModule(torch.nn.Module):
     depthwise convolutions to run as sums of shifted taps (`_depthwise_taps`), for Inductor to fuse; the
     compiled CUDA engine passes `depthwise_taps_nodes(graph, batch)`. `vector_products` names the 1x1
     convolutions on 1x1 maps to run as products and a sum (`_vector_product`; the engine passes
-    `vector_product_nodes(graph, batch)`).
+    `vector_product_nodes(graph, batch)`). `fusions` computes each node it names with the nodes before it
+    that the fusion absorbs, as one call (the compiled CUDA engine's cuDNN convolutions with their bias,
+    residual add and ReLU: `fused_convolutions.fused_convolutions(graph)`).
     """
 
     def __init__(
         self, graph: Graph, *, half_convolutions_in_fp32: bool = False, quantized_gemms: bool = False,
         depthwise_taps: frozenset[str] = frozenset(), vector_products: frozenset[str] = frozenset(),
+        fusions: Mapping[str, Fusion] | None = None,
     ) -> None:
         super().__init__()
         self.half_convolutions_in_fp32 = half_convolutions_in_fp32
         self._gemms = find_quantized_gemms(graph) if quantized_gemms else {}
         self._taps = depthwise_taps
         self._products = vector_products
+        self._fusions = dict(fusions or {})
+        self._absorbed = frozenset().union(*(f.absorbed for f in self._fusions.values()))
         missing = [k.value for k in OpKind if k not in LOWERINGS]
         if missing:
             raise NotImplementedError(f"no torch lowering for {', '.join(missing)}")
@@ -494,6 +508,11 @@ class GraphModule(torch.nn.Module):
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         values: dict[str, torch.Tensor] = {}
         for node in self.graph_ir.nodes:
+            if node.name in self._absorbed:
+                continue
+            if node.name in self._fusions:
+                values[node.name] = self._fusions[node.name].lower(values, self._weight)
+                continue
             args = [pixels] if node.kind is OpKind.INPUT else [values[i] for i in node.inputs]
             lower = LOWERINGS[node.kind]
             if self.half_convolutions_in_fp32 and node.kind is OpKind.CONV2D and node.type.dtype is not DType.F32:
@@ -512,11 +531,12 @@ class GraphModule(torch.nn.Module):
 
 def to_fx(
     graph: Graph, *, quantized_gemms: bool = False, depthwise_taps: frozenset[str] = frozenset(),
-    vector_products: frozenset[str] = frozenset(),
+    vector_products: frozenset[str] = frozenset(), fusions: Mapping[str, Fusion] | None = None,
 ) -> torch.fx.GraphModule:
     """A flat FX graph of the whole network (the op-by-op loop unrolled by tracing)."""
     return torch.fx.symbolic_trace(GraphModule(
-        graph, quantized_gemms=quantized_gemms, depthwise_taps=depthwise_taps, vector_products=vector_products))
+        graph, quantized_gemms=quantized_gemms, depthwise_taps=depthwise_taps, vector_products=vector_products,
+        fusions=fusions))
 
 
 # The ops whose 4-D constants are convolution weights, or become them (a quantized weight's dequantize).

@@ -38,7 +38,8 @@ from .folder import FolderJob, run_folder_scope, usable_cpus
 from .results import ENGINE, TASK, TRTMC, BenchResult, EntryResult, FolderRun, Row
 from .sources import ModelSource, resolve_source
 from .spec import BASELINE_SPECS, BenchOptions, Entry
-from .timing import Clock, CudaEventClock, HostClock, HostLoad, HostMeter, TimedCall, Timing, synchronize, time_interleaved
+from .timing import (Clock, CudaEventClock, HostClock, HostLoad, HostMeter, SteadyHost, TimedCall, Timing, synchronize,
+                     time_interleaved)
 
 log = logging.getLogger(__name__)
 
@@ -287,7 +288,11 @@ def _describe(row: Row) -> str:
         return f"error: {row.error}"
     t = row.timing
     text = f"{t.median_ms:.3f} ms (spread {t.spread:.1%}, {t.calls_per_round} calls per round"
-    text += ", re-run" if t.attempts > 1 else ""
+    text += f", {t.attempts} attempts" if t.attempts > 1 else ""
+    if sum(t.host_waits_s) >= 0.05:
+        text += f", waited {sum(t.host_waits_s):.1f} s for a steady host"
+    if t.host_speed:
+        text += f", host speed after the last attempt {t.host_speed[-1]:.2f}"
     text += ")" if t.stable else "): unstable"
     if row.verdict is not None:
         text += f"; {row.verdict.describe()}"
@@ -295,10 +300,11 @@ def _describe(row: Row) -> str:
 
 
 def time_and_judge(
-    plan: Plan, entry: Entry, ref: oracle.Reference, device: str, progress: Progress
+    plan: Plan, entry: Entry, ref: oracle.Reference, device: str, progress: Progress, host: SteadyHost | None = None
 ) -> tuple[list[Row], HostLoad | None]:
-    """Each contender's first call (timed on its own), then all of them timed interleaved, then judged;
-    the rows in the plan's order, and what the host's CPUs did during the rounds."""
+    """Each contender's first call (timed on its own), then all of them timed interleaved (rows timed on the
+    host waiting for `host` to be steady), then judged; the rows in the plan's order, and what the host's CPUs
+    did during the rounds."""
     rows: dict[tuple, Row] = {}
     first_calls: dict[tuple, float] = {}
     ready = []
@@ -315,7 +321,7 @@ def time_and_judge(
             progress(f"{c.label} {c.scope}, batch {c.batch}: {_describe(rows[c.key])}")
     progress(f"timing {len(ready)} rows interleaved, round by round")
     meter = HostMeter().start()
-    outcome = time_interleaved({c.key: TimedCall(c.call, c.clock) for c in ready}, entry.protocol)
+    outcome = time_interleaved({c.key: TimedCall(c.call, c.clock) for c in ready}, entry.protocol, host)
     host = meter.stop()
     if host is not None:
         progress(f"the CPUs while timing: {host.busy:.0%} busy, {host.others:.0%} of it not this process, "
@@ -374,8 +380,10 @@ def run_entry(
     prepare: Prepare = build_target,
     clock_for: ClockFor = default_clock_for,
     progress: Progress = _quiet,
+    host: SteadyHost | None = None,
 ) -> EntryResult:
-    """Build, time and judge one entry; every failure becomes the entry's status, never an exception."""
+    """Build, time and judge one entry; every failure becomes the entry's status, never an exception. `host`
+    (one per run: it learns the host's full speed) gates the rows timed on the host."""
     facts: dict[str, Any] = {"margin": entry.protocol.margin}
     try:
         files = oracle.photo_files(entry.photos)
@@ -406,7 +414,7 @@ def run_entry(
             progress(f"timm fp32 answers on {len(files)} photos (and timm {entry.precision}'s noise): the oracle's reference")
             plan = _trtmc_plan(entry, target, photos, task_ref, clock_for)
             plan += _baseline_plan(entry, options, model, photos, clock_for)
-            rows, facts["host"] = time_and_judge(plan, entry, ref, options.device, progress)
+            rows, facts["host"] = time_and_judge(plan, entry, ref, options.device, progress, host)
             del plan, target, model
         del timm_model
         _free(options.device)
@@ -669,6 +677,7 @@ def run_bench(
     started = time.perf_counter()
     env = environment(options.device)
     results, resumed = [], {}
+    host = SteadyHost()
 
     def so_far() -> BenchResult:
         return BenchResult(env, options, tuple(results), started_at, time.perf_counter() - started, dict(resumed))
@@ -686,7 +695,7 @@ def run_bench(
                 progress(f"{prefix} {earlier[0].status}: timed by the run started {earlier[1]} (--resume)")
             else:
                 results.append(run_entry(entry, options, prepare=prepare, clock_for=clock_for,
-                                         progress=lambda m, p=prefix: progress(f"{p} {m}")))
+                                         progress=lambda m, p=prefix: progress(f"{p} {m}"), host=host))
                 _save_record(options, results[-1], env, started_at)
             if on_result is not None:
                 on_result(so_far())
