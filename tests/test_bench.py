@@ -236,12 +236,12 @@ class HostScripted(Scripted):
     on_host = True
 
 
-class ScriptedHost(timing.SteadyHost):
-    """A SteadyHost whose probes take the scripted seconds in turn, on a clock that each probe advances by 1 s."""
+class ScriptedHost(timing.HostSpeed):
+    """A HostSpeed whose probes take the scripted seconds in turn, on a clock that each probe advances by 1 s."""
 
     def __init__(self, *probe_seconds: float) -> None:
         self.now, self.seconds = 0.0, list(probe_seconds)
-        super().__init__(probe=self._next, clock=lambda: self.now, sleep=lambda s: None)
+        super().__init__(probe=self._next, clock=lambda: self.now)
 
     def _next(self) -> float:
         self.now += 1.0
@@ -255,48 +255,36 @@ def test_rows_timed_on_the_host_get_rounds_of_host_round_ms_and_the_others_of_ro
     assert outcome.timings["engine"].calls_per_round == 20 and outcome.timings["task"].calls_per_round == 100
 
 
-def test_steady_host_waits_until_probes_in_a_row_run_at_full_speed():
-    # full speed is 1.0 s a probe; a slow spell at 1.8 s; then three probes in a row within 3% of full speed
-    host = ScriptedHost(1.0, 1.8, 1.8, 1.01, 1.8, 1.0, 1.02, 1.0, 1.8)
-    assert host.wait(limit_s=100) == pytest.approx(8.0) and host.fastest == pytest.approx(1.0)
-    assert host.speed() == pytest.approx(1.0 / 1.8)
+def test_host_speed_is_the_quickest_probe_of_its_window_over_the_latest():
+    host = ScriptedHost(1.0, 1.8, 1.25)
+    assert host.probe() == 1.0 and host.speed() == pytest.approx(1.0 / 1.8) and host.speed() == pytest.approx(0.8)
 
 
-def test_steady_host_forgets_a_lucky_probe_after_its_window():
-    # 0.5 s once, then 1.0 s for ever: within the window nothing is steady; once the lucky probe is 60 s old,
-    # 1.0 s is full speed again.
-    host = ScriptedHost(0.5, 1.0)
-    assert host.wait(limit_s=200) == pytest.approx(64.0) and host.fastest == pytest.approx(1.0)  # steady at 62, 63, 64 s
+def test_host_speed_forgets_a_lucky_probe_after_its_window():
+    host = ScriptedHost(*([0.5] + [1.0] * 70))
+    speeds = [host.speed() for _ in range(70)]
+    assert speeds[0] == 1.0 and speeds[58] == pytest.approx(0.5)  # the lucky probe at 1 s is still in the window at 60 s
+    assert speeds[-1] == pytest.approx(1.0) and host.fastest == pytest.approx(1.0)  # and forgotten after
 
 
-def test_steady_host_gives_up_waiting_at_its_limit():
-    host = ScriptedHost(1.0, 2.0)
-    assert host.wait(limit_s=5) == pytest.approx(5.0)
-
-
-def test_attempts_at_host_rows_wait_for_a_steady_host_within_the_entry_budget_and_record_its_speed():
-    # The host row spreads 20% on every attempt, so it gets every attempt; the host never settles (each wait runs
-    # to its limit), so the waits stop once the entry's budget is spent.
+def test_the_host_speed_is_recorded_after_each_attempt_at_host_rows_only():
+    # The host row spreads 20% on every attempt, so it gets every attempt; the host runs at half its best.
     jittery = [1.0] * 9 + [1.2]
     rows = {"engine": TimedCall(lambda: None, Scripted(1.0)),
             "task": TimedCall(lambda: None, HostScripted(*([1.0] * 3 + jittery * timing.MAX_ATTEMPTS)))}
-    host = ScriptedHost(1.0, 2.0)
-    outcome = time_interleaved(rows, TimingProtocol(host_wait_s=7), host)
+    outcome = time_interleaved(rows, PROTOCOL, ScriptedHost(1.0, 2.0))
     task, engine = outcome.timings["task"], outcome.timings["engine"]
-    assert task.attempts == timing.MAX_ATTEMPTS and len(task.host_waits_s) == timing.MAX_ATTEMPTS
-    assert sum(task.host_waits_s) == pytest.approx(7.0, abs=1.0) and task.host_waits_s[-1] == 0.0
-    assert task.host_speed == pytest.approx([0.5] * timing.MAX_ATTEMPTS)
-    assert engine.host_waits_s == () and engine.host_speed == ()  # a row timed on the GPU never waits
+    assert task.attempts == timing.MAX_ATTEMPTS and task.host_speed == pytest.approx([1.0] + [0.5] * (timing.MAX_ATTEMPTS - 1))
+    assert engine.host_speed == ()  # a row timed on the GPU does not follow the host
 
 
-def test_without_a_host_gate_nothing_waits():
+def test_without_a_host_probe_nothing_is_recorded():
     rows = {"task": TimedCall(lambda: None, HostScripted(1.0))}
-    timing_ = time_interleaved(rows, PROTOCOL).timings["task"]
-    assert timing_.host_waits_s == () and timing_.host_speed == ()
+    assert time_interleaved(rows, PROTOCOL).timings["task"].host_speed == ()
 
 
 def test_the_real_host_probe_runs_a_loop_of_about_a_millisecond():
-    host = timing.SteadyHost()
+    host = timing.HostSpeed()
     seconds = host.probe()
     assert 0 < seconds < 0.05 and host.fastest == seconds and 0 < host.speed() <= 1.0 + 1e-9
 
@@ -627,14 +615,14 @@ def test_cli_benches_one_model_on_the_cpu(tiny, few_photos, tmp_path, uncompiled
     code, out, err = run_cli(
         "bench", "--device", "cpu", "--model", tiny, "--precision", "fp32", "--batch", "1", "--batch", "2", "--photos", few_photos,
         "--baseline", "eager-fp32", "--warmups", "1", "--iters", "3", "--round-ms", "1", "--host-round-ms", "2",
-        "--host-wait-s", "0.5", "--backend", "reference", "--out", tmp_path / "out",
+        "--backend", "reference", "--out", tmp_path / "out",
     )
     data = json.loads((tmp_path / "out" / "results.json").read_text())
     assert data["entries"][0]["status"] == "passed" and code == 0, err
     assert data["entries"][0]["protocol"] == {"warmups": 1, "iters": 3, "margin": 0.05, "round_ms": 1.0,
-                                              "host_round_ms": 2.0, "host_wait_s": 0.5}
-    task = next(r for r in data["entries"][0]["rows"] if r["scope"] == "task")  # timed on the host: gated
-    assert len(task["timing"]["host_waits_s"]) == task["timing"]["attempts"] and sum(task["timing"]["host_waits_s"]) <= 0.6
+                                              "host_round_ms": 2.0}
+    task = next(r for r in data["entries"][0]["rows"] if r["scope"] == "task")  # timed on the host: probed after
+    assert len(task["timing"]["host_speed"]) == task["timing"]["attempts"]
     assert all(0 < s <= 1.0 for s in task["timing"]["host_speed"])
     assert (tmp_path / "out" / "results.md").is_file() and (tmp_path / "out" / "latency.png").is_file()
     assert "[1/1 regnetx_002] building (fp32, cpu, max batch 2)" in err  # progress on stderr

@@ -94,8 +94,20 @@ def test_a_fused_call_is_relu_of_convolution_plus_bias_plus_residual_in_float32_
 def test_the_cuda_engine_offers_the_fused_lowering_only_where_a_relu_fuses():
     graph = _bottleneck("fp16")
     assert list(lowering_candidates(graph, 128)) == [PLAIN, FUSED]
-    candidate = lowering_candidates(graph, 1)[FUSED]
-    assert candidate.fused and candidate.taps == lowering_candidates(graph, 1)[PLAIN].taps
+    candidate = lowering_candidates(graph, 128)[FUSED]
+    assert candidate.fused and candidate.products == lowering_candidates(graph, 128)[PLAIN].products
+
+
+def test_no_fused_candidate_where_most_depthwise_convolutions_run_as_taps():
+    # At batch 1 the depthwise convolution runs as taps, whose kernel takes the ReLU before it: the build does not
+    # compile a second lowering there. At batch 8 cuDNN runs it, and the fused candidate is offered.
+    g = GraphBuilder()
+    x = g.input("pixels", (1, 16, 8, 8))
+    y = g.activation(g.conv2d(x, "pw.conv", np.ones((32, 16, 1, 1)), np.zeros(32)), Activation.RELU, "pw.act")
+    g.output(g.conv2d(y, "dw.conv", np.ones((32, 1, 3, 3)), np.zeros(32), padding=1, groups=32))
+    graph = assign_precision(g.finish(), PrecisionPolicy("fp16"))
+    assert list(lowering_candidates(graph, 1)) == [PLAIN]
+    assert list(lowering_candidates(graph, 8)) == [PLAIN, FUSED]
 
 
 def test_the_1x1_convolutions_run_as_products_at_batch_1_are_not_fused():

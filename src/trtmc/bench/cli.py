@@ -156,9 +156,6 @@ def add_bench(sub) -> None:
     how.add_argument("--host-round-ms", type=float, metavar="MS",
                      help=f"the least length of a round of a row timed on the host clock, the task scope "
                           f"(default {default.host_round_ms:g})")
-    how.add_argument("--host-wait-s", type=float, metavar="S",
-                     help=f"per entry, the most seconds to wait for the host to run at full speed before an attempt "
-                          f"at the rows timed on it; 0 never waits (default {default.host_wait_s:g})")
 
     out = p.add_argument_group("output")
     out.add_argument("--out", type=Path, default=Path("bench-results"), metavar="DIR",
@@ -171,7 +168,7 @@ def add_bench(sub) -> None:
 
 def _protocol_overrides(args) -> dict:
     given = (("warmups", args.warmups), ("iters", args.iters), ("margin", args.margin), ("round_ms", args.round_ms),
-             ("host_round_ms", args.host_round_ms), ("host_wait_s", args.host_wait_s))
+             ("host_round_ms", args.host_round_ms))
     return {k: v for k, v in given if v is not None}
 
 

@@ -31,7 +31,7 @@ RESULTS_JSON = "results.json"
 RESULTS_MD = "results.md"
 PLOT_PNG = "latency.png"
 # 3: the folder scope (entries' "folder" and "folder_runs"); 4: entries' "host", rows' discarded attempts as lists;
-# 5: rows timed on the host carry "host_waits_s" and "host_speed" (timing.SteadyHost)
+# 5: rows timed on the host carry "host_speed" (timing.HostSpeed)
 SCHEMA = 5
 # One colour per subject in every panel; trtmc's task scope is its engine colour, dashed.
 COLORS = {TRTMC: "C0", HEADLINE: "k", "eager-fp32": "C1", "eager-cl": "C2", "reduce-overhead": "C3", "max-autotune": "C4"}
@@ -224,22 +224,18 @@ def _build_lines(result: BenchResult) -> list[str]:
 
 
 def _row_lines(result: BenchResult) -> list[str]:
-    lines = ["| model | row | scope | batch | median | spread | calls per round | attempts | waited for the host | "
-             "host speed after | oracle |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | row | scope | batch | median | spread | calls per round | attempts | host speed after each | "
+             "oracle |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for e in result.entries:
         for r in e.rows:
             t = r.timing
             cells = [e.entry.name, r.label, r.scope, str(r.batch)]
-            cells += [""] * 6 if t is None else [_ms(t.median_ms), f"{t.spread:.1%}", str(t.calls_per_round), str(t.attempts),
-                                                 _host_waits(t), " ".join(f"{v:.2f}" for v in t.host_speed)]
+            cells += [""] * 5 if t is None else [_ms(t.median_ms), f"{t.spread:.1%}", str(t.calls_per_round), str(t.attempts),
+                                                 " ".join(f"{v:.2f}" for v in t.host_speed)]
             cells.append(r.error or ("" if r.verdict is None else r.verdict.describe()))
             lines.append("| " + " | ".join(cells) + " |")
     return lines
-
-
-def _host_waits(timing) -> str:
-    return f"{sum(timing.host_waits_s):.1f} s" if timing.host_waits_s else ""
 
 
 def _gib(value: int | None) -> str:

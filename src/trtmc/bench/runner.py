@@ -38,7 +38,7 @@ from .folder import FolderJob, run_folder_scope, usable_cpus
 from .results import ENGINE, TASK, TRTMC, BenchResult, EntryResult, FolderRun, Row
 from .sources import ModelSource, resolve_source
 from .spec import BASELINE_SPECS, BenchOptions, Entry
-from .timing import (Clock, CudaEventClock, HostClock, HostLoad, HostMeter, SteadyHost, TimedCall, Timing, synchronize,
+from .timing import (Clock, CudaEventClock, HostClock, HostLoad, HostMeter, HostSpeed, TimedCall, Timing, synchronize,
                      time_interleaved)
 
 log = logging.getLogger(__name__)
@@ -289,8 +289,6 @@ def _describe(row: Row) -> str:
     t = row.timing
     text = f"{t.median_ms:.3f} ms (spread {t.spread:.1%}, {t.calls_per_round} calls per round"
     text += f", {t.attempts} attempts" if t.attempts > 1 else ""
-    if sum(t.host_waits_s) >= 0.05:
-        text += f", waited {sum(t.host_waits_s):.1f} s for a steady host"
     if t.host_speed:
         text += f", host speed after the last attempt {t.host_speed[-1]:.2f}"
     text += ")" if t.stable else "): unstable"
@@ -300,11 +298,11 @@ def _describe(row: Row) -> str:
 
 
 def time_and_judge(
-    plan: Plan, entry: Entry, ref: oracle.Reference, device: str, progress: Progress, host: SteadyHost | None = None
+    plan: Plan, entry: Entry, ref: oracle.Reference, device: str, progress: Progress, host: HostSpeed | None = None
 ) -> tuple[list[Row], HostLoad | None]:
-    """Each contender's first call (timed on its own), then all of them timed interleaved (rows timed on the
-    host waiting for `host` to be steady), then judged; the rows in the plan's order, and what the host's CPUs
-    did during the rounds."""
+    """Each contender's first call (timed on its own), then all of them timed interleaved (`host` probing the
+    host's speed after each attempt at the rows timed on it), then judged; the rows in the plan's order, and
+    what the host's CPUs did during the rounds."""
     rows: dict[tuple, Row] = {}
     first_calls: dict[tuple, float] = {}
     ready = []
@@ -380,10 +378,10 @@ def run_entry(
     prepare: Prepare = build_target,
     clock_for: ClockFor = default_clock_for,
     progress: Progress = _quiet,
-    host: SteadyHost | None = None,
+    host: HostSpeed | None = None,
 ) -> EntryResult:
     """Build, time and judge one entry; every failure becomes the entry's status, never an exception. `host`
-    (one per run: it learns the host's full speed) gates the rows timed on the host."""
+    (one per run: it learns the host's full speed) probes the host after each attempt at the rows timed on it."""
     facts: dict[str, Any] = {"margin": entry.protocol.margin}
     try:
         files = oracle.photo_files(entry.photos)
@@ -677,7 +675,7 @@ def run_bench(
     started = time.perf_counter()
     env = environment(options.device)
     results, resumed = [], {}
-    host = SteadyHost()
+    host = HostSpeed()
 
     def so_far() -> BenchResult:
         return BenchResult(env, options, tuple(results), started_at, time.perf_counter() - started, dict(resumed))

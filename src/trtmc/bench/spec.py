@@ -4,7 +4,7 @@
 The file has three top-level keys; `defaults` fills every field an entry leaves out, and relative
 paths (`model:` folders, `photos:`) are resolved against the YAML file's own folder:
 
-    protocol: {warmups: 3, iters: 10, margin: 0.05, round_ms: 20, host_round_ms: 100, host_wait_s: 20}
+    protocol: {warmups: 3, iters: 10, margin: 0.05, round_ms: 20, host_round_ms: 100}
     defaults: {precision: fp16, batch: [1, 128], weights: checkpoint, photos: ../examples/images}
     entries:
       - model: timm/ghostnet_100.in1k          # HF id, local folder, or timm architecture name
@@ -72,7 +72,7 @@ DEFAULT_BASELINES = ("expert", "eager-fp32", "eager-cl", "reduce-overhead")
 HEADLINE = "expert"  # the headline ratio: this baseline's ms / trtmc's engine ms
 
 TOP_KEYS = ("protocol", "defaults", "entries")
-PROTOCOL_KEYS = ("warmups", "iters", "margin", "round_ms", "host_round_ms", "host_wait_s")
+PROTOCOL_KEYS = ("warmups", "iters", "margin", "round_ms", "host_round_ms")
 ENTRY_KEYS = ("name", "model", "precision", "batch", "weights", "photos", "seed", "protocol", "folder")
 FOLDER_KEYS = ("images", "loader_workers", "baseline")
 # How the folder scope's DataLoader baseline runs timm's model: as a user writes it (torch.compile in its
@@ -97,13 +97,12 @@ class TimingProtocol:
     `timing.MAX_ATTEMPTS` attempts in all, then marked unstable) and the equivalence margin (a speed ratio
     within 1 +- margin counts as on par).
 
-    Rows timed on the host clock (the task scope, whose Python, copies and thread wake-ups run on the host)
-    follow the host's speed, which on the lent GPU machine drops by up to 1.9x for seconds at a time while
-    rows timed on the GPU stay within 0.5% (benchmarks/NOTES.md, runs 10-12). For them a round lasts at least
-    `host_round_ms`, averaging the jitter of single calls (a task call at batch 128 is ~35 ms: one call per
-    20 ms round spread 2-5% even in quiet spells, run 12), and each attempt that times them first waits, for
-    at most `host_wait_s` per entry in all, until a probe of the host's speed finds it at full speed
-    (`timing.SteadyHost`); the waits and the host's speed after each attempt are recorded with the row.
+    Rows timed on the host clock (the task scope, whose Python and copies run on the host) follow the host's
+    own speed, which on the lent GPU machine moves between ~0.45 and ~0.9 of its best from one 25 ms probe to
+    the next, on all CPUs together, while rows timed on the GPU stay within 0.5% (benchmarks/NOTES.md, runs
+    10-13). For them a round lasts at least `host_round_ms`: probes 25 ms apart are nearly independent
+    (autocorrelation 0.17), so a 100 ms round averages about four of them (p10-p90 of the host's speed over
+    100 ms windows 0.50-0.74, against 0.46-0.88 for single probes; run 13).
     """
 
     warmups: int = 3
@@ -111,7 +110,6 @@ class TimingProtocol:
     margin: float = 0.05
     round_ms: float = 20.0
     host_round_ms: float = 100.0
-    host_wait_s: float = 20.0
 
     def validate(self, where: str) -> None:
         if not _is_int(self.warmups) or self.warmups < 1:
@@ -126,11 +124,6 @@ class TimingProtocol:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise SpecError(f"{where}: {key!r} must be a positive number of milliseconds, got {value!r}")
-        wait = self.host_wait_s
-        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not wait >= 0:
-            raise SpecError(
-                f"{where}: 'host_wait_s' must be a number of seconds >= 0 (0: never wait for a steady host), got {wait!r}"
-            )
 
 
 @dataclass(frozen=True)

@@ -36,8 +36,8 @@ MAX_ATTEMPTS = 8
 
 class Clock(Protocol):
     """Times `calls` back-to-back calls of `fn`: milliseconds for the whole round. `on_host`: the round is
-    timed on the host's clock, so it follows the host's speed (its rounds last `host_round_ms`, and its
-    attempts wait for a steady host)."""
+    timed on the host's clock, so it follows the host's speed (its rounds last `host_round_ms`, and the host's
+    speed is probed after each attempt)."""
 
     name: str
     on_host: bool
@@ -92,9 +92,8 @@ def synchronize(device: str) -> None:
 @dataclass(frozen=True)
 class Timing:
     """The samples of one row (ms per call, one per round). `discarded_ms` holds the samples of each earlier,
-    unstable attempt that was run again, in order. For a row timed on the host: `host_waits_s`, the seconds
-    waited for a steady host before each attempt, and `host_speed`, the host's speed right after each attempt
-    (`SteadyHost.speed`: 1.0 is full speed)."""
+    unstable attempt that was run again, in order. For a row timed on the host: `host_speed`, the host's speed
+    right after each attempt (`HostSpeed.speed`: 1.0 is full speed)."""
 
     samples_ms: tuple[float, ...]
     calls_per_round: int
@@ -102,7 +101,6 @@ class Timing:
     clock: str
     attempts: int = 1
     discarded_ms: tuple[tuple[float, ...], ...] = ()
-    host_waits_s: tuple[float, ...] = ()
     host_speed: tuple[float, ...] = ()
 
     @property
@@ -130,7 +128,6 @@ class Timing:
             "attempts": self.attempts,
             "samples_ms": [round(s, 5) for s in self.samples_ms],
             "discarded_ms": [[round(s, 5) for s in attempt] for attempt in self.discarded_ms],
-            "host_waits_s": [round(s, 3) for s in self.host_waits_s],
             "host_speed": [round(s, 4) for s in self.host_speed],
         }
 
@@ -180,23 +177,22 @@ def _python_loop(n: int) -> int:
     return total
 
 
-class SteadyHost:
-    """The host's speed, probed with a short pure-Python loop, and a wait until it runs at full speed.
+class HostSpeed:
+    """The host's speed, probed with a short pure-Python loop: what a row timed on the host follows.
 
-    On the lent GPU machine the host slows down for seconds (at times a minute) with no trace in /proc/stat:
-    in run 11's lab call a pure-Python loop ran 1.70-1.88x its median for ~4 s while every row timed on the
-    GPU stayed within 0.5%, and the rows timed on the host followed the loop (benchmarks/NOTES.md). A probe
-    is the quickest of three runs of the loop (about `probe_s` each); the quickest probe of the last `window_s`
-    seconds is full speed (a lucky probe is forgotten, so waits do not run to their limit for ever after).
-    `probe` and `clock` replace the loop and the wall clock (tests script them)."""
+    A probe is the quickest of three runs of the loop (about `probe_s` each); the quickest probe of the last
+    `window_s` seconds counts as full speed. On the lent GPU machine, with nothing else running in it, probes
+    25 ms apart on every CPU ran at a median 0.55 of the quickest (p10 0.46, p90 0.88), all CPUs together and
+    second by second, and as slow after a sleep as after the bench's threaded copy (benchmarks/NOTES.md, run 13,
+    tools/host_speed_probe.py): the host's own speed moves, and a row timed on it moves with it. `probe` and
+    `clock` replace the loop and the wall clock (tests script them)."""
 
     def __init__(
-        self, tolerance: float = 0.03, settle: int = 3, probe_s: float = 0.001, pause_s: float = 0.02,
-        window_s: float = 60.0, probe: Callable[[], float] | None = None,
-        clock: Callable[[], float] = time.perf_counter, sleep: Callable[[float], None] = time.sleep,
+        self, probe_s: float = 0.001, window_s: float = 60.0, probe: Callable[[], float] | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        self.tolerance, self.settle, self.probe_s, self.pause_s, self.window_s = tolerance, settle, probe_s, pause_s, window_s
-        self._probe, self._clock, self._sleep = probe, clock, sleep
+        self.probe_s, self.window_s = probe_s, window_s
+        self._probe, self._clock = probe, clock
         self._loop_n: int | None = None
         self._recent: collections.deque[tuple[float, float]] = collections.deque()  # (when, seconds)
 
@@ -223,21 +219,10 @@ class SteadyHost:
         return seconds
 
     def speed(self) -> float:
-        """The host's speed now, as the quickest probe over this one: 1.0 at full speed, 0.55 when the loop
-        takes 1.8 times its best."""
+        """The host's speed now, as the quickest probe of the window over this one: 1.0 at full speed, 0.55 when
+        the loop takes 1.8 times its best."""
         seconds = self.probe()
         return self.fastest / seconds
-
-    def wait(self, limit_s: float) -> float:
-        """Probes, `pause_s` apart, until `settle` in a row are within `tolerance` of full speed, or until
-        `limit_s` seconds have passed; returns the seconds waited."""
-        started, steady = self._clock(), 0
-        while True:
-            steady = steady + 1 if self.probe() <= self.fastest * (1 + self.tolerance) else 0
-            waited = self._clock() - started
-            if steady >= self.settle or waited >= limit_s:
-                return waited
-            self._sleep(self.pause_s)
 
 
 def _timed_loop(n: int) -> float:
@@ -246,16 +231,15 @@ def _timed_loop(n: int) -> float:
     return time.perf_counter() - started
 
 
-def time_interleaved(rows: Mapping[K, TimedCall], protocol: TimingProtocol, host: SteadyHost | None = None) -> Outcome:
+def time_interleaved(rows: Mapping[K, TimedCall], protocol: TimingProtocol, host: HostSpeed | None = None) -> Outcome:
     """Warm-up rounds (calibrating each row's calls per round), then `protocol.iters` measured rounds,
     every row once per round in the order given; rows whose samples spread beyond the margin get their
     measured rounds again (interleaved among themselves), up to `MAX_ATTEMPTS` attempts in all, and keep
     their last attempt.
 
     A round lasts at least `protocol.round_ms`, or `protocol.host_round_ms` for a row timed on the host
-    (`Clock.on_host`). With `host`, an attempt that times such rows first waits for a steady host
-    (`SteadyHost.wait`, at most `protocol.host_wait_s` over all attempts), and the host's speed is probed
-    after it; both are recorded with those rows.
+    (`Clock.on_host`). With `host`, the host's speed is probed after each attempt at such rows and recorded
+    with them.
 
     A row whose call raises is dropped from the rounds that follow, with its error recorded; the
     other rows go on. Python's garbage collector is paused for the rounds (after one collection), as
@@ -271,14 +255,12 @@ def time_interleaved(rows: Mapping[K, TimedCall], protocol: TimingProtocol, host
             gc.enable()
 
 
-def _rounds(rows: Mapping[K, TimedCall], protocol: TimingProtocol, host: SteadyHost | None) -> Outcome:
+def _rounds(rows: Mapping[K, TimedCall], protocol: TimingProtocol, host: HostSpeed | None) -> Outcome:
     errors: dict[K, str] = {}
     calls = {key: 1 for key in rows}
     on_host = {key for key, row in rows.items() if row.clock.on_host}
     round_ms = {key: protocol.host_round_ms if key in on_host else protocol.round_ms for key in rows}
-    waits: dict[K, list[float]] = {key: [] for key in on_host}
     speeds: dict[K, list[float]] = {key: [] for key in on_host}
-    waited = 0.0
 
     def round_of(key: K) -> float | None:
         row = rows[key]
@@ -295,13 +277,7 @@ def _rounds(rows: Mapping[K, TimedCall], protocol: TimingProtocol, host: SteadyH
                 calls[key] = calls_for(round_ms[key], calls[key], ms)
 
     def attempt(keys: list[K]) -> dict[K, list[float]]:
-        nonlocal waited
         hosted = [key for key in keys if key in on_host]
-        if host is not None and hosted:
-            wait = host.wait(protocol.host_wait_s - waited) if waited < protocol.host_wait_s else 0.0
-            waited += wait
-            for key in hosted:
-                waits[key].append(wait)
         samples: dict[K, list[float]] = {key: [] for key in keys}
         for _ in range(protocol.iters):
             for key in [k for k in keys if k not in errors]:
@@ -326,7 +302,7 @@ def _rounds(rows: Mapping[K, TimedCall], protocol: TimingProtocol, host: SteadyH
         if key not in errors:
             *earlier, last = tried
             timings[key] = Timing(tuple(last), calls[key], protocol.margin, rows[key].clock.name, len(tried),
-                                  tuple(tuple(s) for s in earlier), tuple(waits.get(key, ())), tuple(speeds.get(key, ())))
+                                  tuple(tuple(s) for s in earlier), tuple(speeds.get(key, ())))
     return Outcome(timings, errors)
 
 
@@ -395,8 +371,7 @@ def describe(protocol: TimingProtocol) -> str:
         f"meanwhile. A row whose samples stray further "
         f"than {protocol.margin:.0%} from their median is measured again, up to {MAX_ATTEMPTS - 1} more times, then "
         f"shown as unstable instead of as a result. A speed ratio within 1 ± {protocol.margin:g} counts as on par. "
-        f"Rows timed on the host clock (the task scope) follow the host's speed: their rounds last at least "
-        f"{protocol.host_round_ms:g} ms, and each attempt at them first waits until a probe (a pure-Python loop) "
-        f"finds the host at full speed, for at most {protocol.host_wait_s:g} s per entry in all; the waits and the "
-        f"host's speed after each attempt are recorded with the row."
+        f"Rows timed on the host clock (the task scope) follow the host's own speed: their rounds last at least "
+        f"{protocol.host_round_ms:g} ms, and the host's speed after each attempt (a pure-Python probe against its "
+        f"quickest run of the last minute) is recorded with the row."
     )
