@@ -147,3 +147,13 @@ def test_the_fused_lowering_traces_to_one_custom_op_call_per_fused_relu():
     targets = [str(n.target) for n in fx.graph.nodes if n.op == "call_function"]
     assert sum("conv2d_relu" in t for t in targets) == 4 and sum("conv2d_add_relu" in t for t in targets) == 1
     assert isinstance(next(iter(fused_convolutions(graph).values())), FusedConvolution)
+
+
+def test_inspect_shows_what_the_build_measured_and_kept_at_each_batch_size():
+    from trtmc.cli.inspect import lowering_lines
+
+    record = {LOWERINGS: {"128": {"chosen": FUSED, "ms": {PLAIN: 2.268, FUSED: 2.109}, "errors": {}},
+                          "1": {"chosen": PLAIN, "ms": {}, "errors": {}}}}
+    assert lowering_lines(record) == ["batch 1: plain kept (the only candidate)",
+                                      "batch 128: cudnn-fused kept (plain 2.268 ms, cudnn-fused 2.109 ms)"]
+    assert lowering_lines({}) == []
