@@ -80,11 +80,10 @@ def _conv2d_add_relu_fake(x, weight, residual, bias, stride, padding, dilation, 
 
 @dataclass(frozen=True)
 class FusedConvolution:
-    """A ReLU node computed, with the convolution before it (and the residual add between them), as one call.
+    """A ReLU node (the key it is found under) computed, with the convolution before it (and the residual add
+    between them), as one call. `absorbed` are the nodes whose values the call computes inside it: the engine
+    does not compute them."""
 
-    `absorbed` are the nodes whose values the call computes inside it: the engine does not compute them."""
-
-    relu: str
     convolution: Node
     add: Optional[str] = None
     residual: Optional[str] = None
@@ -129,15 +128,15 @@ def fused_convolutions(graph: Graph, exclude: frozenset[str] = frozenset()) -> d
             continue
         source = graph.node(relu.inputs[0])
         if _fusable(source, graph, consumers, exclude):
-            found[relu.name] = FusedConvolution(relu.name, source)
+            found[relu.name] = FusedConvolution(source)
             continue
         is_add = source.kind is OpKind.ELEMENTWISE and source.attrs.op is Binary.ADD
         if not is_add or len(consumers[source.name]) != 1 or source.name in graph.outputs:
             continue
         for conv_name, residual_name in (source.inputs, source.inputs[::-1]):
             conv, residual = graph.node(conv_name), graph.node(residual_name)
-            if conv_name != residual_name and _fusable(conv, graph, consumers, exclude) and \
-                    residual.type.shape == conv.type.shape and residual.type.dtype is conv.type.dtype:
-                found[relu.name] = FusedConvolution(relu.name, conv, source.name, residual_name)
+            same_type = residual.type.shape == conv.type.shape and residual.type.dtype is conv.type.dtype
+            if conv_name != residual_name and same_type and _fusable(conv, graph, consumers, exclude):
+                found[relu.name] = FusedConvolution(conv, source.name, residual_name)
                 break
     return found

@@ -228,13 +228,14 @@ def _choose_lowering(compiled: "_CompiledCuda", graph: Graph, batch: int, progre
     or capture is recorded with its error; the plain one must work."""
     candidates = lowering_candidates(graph, batch)
     example = _example(graph, batch, "cuda")
+    if len(candidates) == 1:  # nothing to choose: compile the plain lowering, as before there were candidates
+        progress(f"compiling with Inductor for CUDA, batch {batch}")
+        with torch.no_grad():
+            compiled.module_for(candidates[PLAIN], example.device)(example)
+        return LoweringChoice(PLAIN, {}, {})
     graphs, errors = {}, {}
     for name, lowering in candidates.items():
         progress(f"compiling with Inductor for CUDA, batch {batch}" + ("" if name == PLAIN else f" ({name})"))
-        if len(candidates) == 1:
-            with torch.no_grad():
-                compiled.module_for(lowering, example.device)(example)
-            return LoweringChoice(PLAIN, {}, {})
         try:
             graphs[name], _ = _captured(compiled.module_for(lowering, example.device), example)
         except Exception as exc:

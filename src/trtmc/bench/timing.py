@@ -170,13 +170,6 @@ def calls_for(round_ms: float, calls: int, measured_ms: float) -> int:
     return max(1, min(math.ceil(calls * round_ms / measured_ms), MAX_CALLS_PER_ROUND))
 
 
-def _python_loop(n: int) -> int:
-    total = 0
-    for i in range(n):
-        total += i
-    return total
-
-
 class HostSpeed:
     """The host's speed, probed with a short pure-Python loop: what a row timed on the host follows.
 
@@ -226,8 +219,11 @@ class HostSpeed:
 
 
 def _timed_loop(n: int) -> float:
+    """Seconds of a pure-Python loop of `n` additions."""
     started = time.perf_counter()
-    _python_loop(n)
+    total = 0
+    for i in range(n):
+        total += i
     return time.perf_counter() - started
 
 
