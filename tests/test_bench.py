@@ -543,7 +543,7 @@ def test_a_prepare_phase_cut_short_is_taken_up_where_it_stopped(tiny, few_photos
     assert prepare_entries([done], opts, 1, quiet=True, executor=ThreadPoolExecutor(1)) == {}
     messages = []
     assert prepare_entries([done, left], opts, 1, messages.append, quiet=True, executor=ThreadPoolExecutor(1)) == {}
-    assert "already prepared: tiny" in messages and "preparing 1 entries, 1 at a time" in messages
+    assert "already prepared: tiny" in messages and "preparing 1 entries (build and baselines in processes of their own), 1 at a time" in messages
     assert [m for m in messages if m.startswith("prepared ")] == [m for m in messages if m.startswith("prepared tiny2 ")]
     # another set of compiled baselines is another preparation
     assert not runner.is_prepared(done, replace(opts, baselines=("expert", "reduce-overhead")))
@@ -798,3 +798,42 @@ def test_random_weights_flag_spares_local_checkpoints_and_list_shows_it():
 def test_cli_refuses_an_architecture_name_without_random_weights_before_running():
     code, _, err = run_cli("bench", "--model", "ghostnet_100", "--device", "cpu")
     assert code == 1 and "pass --random-weights" in err
+
+
+def test_a_prepare_error_that_does_not_pickle_reaches_the_parent_in_words(monkeypatch, tmp_path):
+    import pickle
+
+    class Unpicklable(RuntimeError):
+        def __init__(self):
+            super().__init__("the expert's compile failed")
+            self.module = pickle  # what run 14's swinv2 expert error carried: "cannot pickle 'module' object"
+
+    def failing(*args, **kwargs):
+        raise Unpicklable()
+
+    monkeypatch.setattr(runner, "prepare_entry", failing)
+    with pytest.raises(runner.PrepareFailed) as caught:
+        runner._prepare_in_child(tiny_entry(tmp_path), options(tmp_path), True, None, runner.BASELINES)
+    arrived = pickle.loads(pickle.dumps(caught.value))
+    assert str(arrived) == "Unpicklable: the expert's compile failed"
+    assert "raise Unpicklable()" in arrived.trace
+
+
+def test_an_entrys_build_and_baselines_are_prepared_apart_and_noted_once_both_are_done(monkeypatch, tmp_path):
+    seen = []
+
+    def part(entry, options, progress, parts):
+        seen.append(parts)
+        assert not runner.is_prepared(entry, options)  # no note before the last part has run
+        return 1.5
+
+    monkeypatch.setattr(runner, "prepare_entry", part)
+    opts = options(tmp_path, baselines=("expert",))
+    entry = tiny_entry(tmp_path)
+    assert prepare_entries([entry], opts, 1, quiet=True, executor=ThreadPoolExecutor(1)) == {}
+    assert seen == [("build",), ("baselines",)] and runner.is_prepared(entry, opts)
+    assert json.loads((tmp_path / "work" / "prepared" / "tiny.json").read_text())["seconds"] == 3.0
+    seen.clear()
+    eager_only = options(tmp_path / "eager", baselines=("eager-fp32",))
+    assert prepare_entries([entry], eager_only, 1, quiet=True, executor=ThreadPoolExecutor(1)) == {}
+    assert seen == [("build",)]  # nothing of the baselines' to compile

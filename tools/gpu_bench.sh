@@ -6,10 +6,11 @@
 #                                                    # what is prepared and not timed, the report once all are timed
 # A session that runs out of device time keeps its records ($OUT/timed.tar.gz): unpacked into RECORDS and carried,
 # the next session's calls (same code, same machine kind) prepare and time only the rest.
-# Preparing runs JOBS entries at a time (default 14), each process with its share of the CPUs (`trtmc bench
-# --prepare-jobs`); every entry's prepare leaves a note, so a prepare cut short by the time limit is taken up where
-# it stopped, and timing never starts on an entry whose baselines were not compiled yet. Timing runs after
-# preparing, never beside it (the task rows are timed on the host).
+# Preparing runs JOBS processes at a time (default 14), an entry's build and its baselines' compiles in processes of
+# their own, each with its share of the CPUs (`trtmc bench --prepare-jobs`); every entry's prepare leaves a note once
+# both are done, so a prepare cut short by the time limit is taken up where it stopped, and timing never starts on
+# an entry whose baselines were not compiled yet. Timing runs after preparing, never beside it (the task rows are
+# timed on the host).
 # The steps alone, as before:
 #   [PART=K/N | ONLY="NAME ..."] OUT=$OUT LIMIT=570 bash tools/gpu_bench.sh run|prepare|time|report
 # PART=K/N takes every N-th entry from the K-th; ONLY="a b" takes those entries; without either, all. `run` with

@@ -1,17 +1,20 @@
 """Atomic file writes: readers see the old file or the whole new one, never a part.
 
 `update_file_atomically` adds a lock around read-modify-write, so concurrent processes sharing one
-file (a TensorRT timing cache) take turns and none loses another's update.
+file (a TensorRT timing cache) take turns and none loses another's update; `exclusive_lock` is that lock
+for any work that processes must do one at a time.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import io
 import os
 import tempfile
+import time
 from pathlib import Path
-from typing import BinaryIO, Callable, TextIO
+from typing import BinaryIO, Callable, Iterator, TextIO
 
 
 def write_atomically(path: Path, write: Callable[[BinaryIO], None]) -> Path:
@@ -47,11 +50,25 @@ def update_file_atomically(path: Path, update: Callable[[bytes | None], bytes]) 
     written atomically, so readers only ever see a whole file.
     """
     path = Path(path)
+    with exclusive_lock(path.with_name(path.name + ".lock")):
+        write_bytes_atomically(path, update(path.read_bytes() if path.exists() else None))
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: Path, waited: Callable[[float], None] | None = None) -> Iterator[float]:
+    """Hold an exclusive `flock` on the file `path` (created if missing) for the block, across processes;
+    yields the seconds spent waiting for it, also given to `waited` when the wait was noticeable (0.1 s or
+    more). The kernel drops the lock when its process dies, so a killed holder never leaves it held."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(path.name + ".lock"), "a+b") as lock:
+    with open(path, "a+b") as lock:
+        started = time.perf_counter()
         fcntl.flock(lock, fcntl.LOCK_EX)
+        wait = time.perf_counter() - started
+        if waited is not None and wait >= 0.1:
+            waited(wait)
         try:
-            write_bytes_atomically(path, update(path.read_bytes() if path.exists() else None))
+            yield wait
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
 

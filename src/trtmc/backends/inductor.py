@@ -23,7 +23,6 @@ import contextlib
 import io
 import logging
 import os
-import statistics
 import tempfile
 import time
 import zipfile
@@ -37,6 +36,7 @@ from ..graph import Graph
 from . import Batching, BuiltEngine, Engine, EngineEntry, EngineSpec, LoadOptions, Progress
 from .engine_io import EngineBase, PixelSpec, device_missing_reason
 from .fused_convolutions import fused_convolutions
+from .gpu_lock import cuda_device_name, lock_path, timing_alone
 from .torch_lowering import _is_depthwise, channels_last_weights, depthwise_taps_nodes, to_fx, vector_product_nodes
 
 log = logging.getLogger(__name__)
@@ -225,7 +225,8 @@ class LoweringChoice:
 def _choose_lowering(compiled: "_CompiledCuda", graph: Graph, batch: int, progress: Progress) -> LoweringChoice:
     """Compile every candidate lowering at `batch`, replay each in a CUDA graph, time them interleaved, and
     keep the fastest (the plain one unless another is `MIN_GAIN` faster). A candidate that fails to compile
-    or capture is recorded with its error; the plain one must work."""
+    or capture is recorded with its error; the plain one must work. The timing holds the GPU's timing lock
+    (`gpu_lock`): builds running side by side compile together but time one at a time."""
     candidates = lowering_candidates(graph, batch)
     example = _example(graph, batch, "cuda")
     if len(candidates) == 1:  # nothing to choose: compile the plain lowering, as before there were candidates
@@ -243,7 +244,9 @@ def _choose_lowering(compiled: "_CompiledCuda", graph: Graph, batch: int, progre
                 raise
             log.info("the %s lowering at batch %d failed", name, batch, exc_info=True)
             errors[name] = f"{type(exc).__name__}: {exc}"
-    ms = _replay_ms(graphs)
+    with timing_alone(lock_path(cuda_device_name(example.device.index or 0)),
+                      lambda s: progress(f"batch {batch}: waited {s:.1f} s for another build's timing to end")):
+        ms = _replay_ms(graphs)
     del graphs
     torch.cuda.empty_cache()
     fastest = min(ms, key=ms.get)
@@ -268,8 +271,10 @@ def _captured(module, example: torch.Tensor) -> tuple[torch.cuda.CUDAGraph, torc
 
 
 def _replay_ms(graphs: Mapping[str, torch.cuda.CUDAGraph], rounds: int = 9, round_ms: float = 10.0) -> dict[str, float]:
-    """Each graph's median ms per replay: rounds of back-to-back replays lasting about `round_ms`, timed with
-    CUDA events, the graphs interleaved round by round (the bench's protocol, shorter)."""
+    """Each graph's quickest round, in ms per replay: rounds of back-to-back replays lasting about `round_ms`,
+    timed with CUDA events, the graphs interleaved round by round (the bench's protocol, shorter). The quickest
+    round, not the median: work of other processes on the GPU (a parallel prepare's compiles autotune their
+    kernels on it) only ever slows a round, and run 14 saw a candidate's median moved 3.2x by it."""
 
     def timed(cuda_graph: torch.cuda.CUDAGraph, calls: int) -> float:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -285,7 +290,7 @@ def _replay_ms(graphs: Mapping[str, torch.cuda.CUDAGraph], rounds: int = 9, roun
     for _ in range(rounds):
         for name, cuda_graph in graphs.items():
             samples[name].append(timed(cuda_graph, calls[name]) / calls[name])
-    return {name: statistics.median(s) for name, s in samples.items()}
+    return {name: min(s) for name, s in samples.items()}
 
 
 def _forget_earlier_compiles() -> None:

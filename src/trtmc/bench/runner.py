@@ -460,18 +460,32 @@ def is_prepared(entry: Entry, options: BenchOptions) -> bool:
     return note.is_file() and json.loads(note.read_text()).get("compiled") == _compiled_baselines(options)
 
 
-def prepare_entry(entry: Entry, options: BenchOptions, progress: Progress = _quiet) -> None:
+# The two parts of an entry's prepare. They need nothing of each other, so the prepare phase runs them in
+# processes of their own: an entry's build and its baselines' compiles side by side, and the machine's CPUs kept
+# busy to the end (run 14's prepare: 414 s, its last 160 s waiting on the few long entries, mixnet_s's build and
+# then its expert's compiles one after the other).
+BUILD, BASELINES = "build", "baselines"
+
+
+def prepare_entry(entry: Entry, options: BenchOptions, progress: Progress = _quiet,
+                  parts: tuple[str, ...] = (BUILD, BASELINES)) -> float:
     """The slow, CPU-bound part of an entry, so that several can run at once before timing: random
-    weights, the trtmc build (its time recorded beside the bundle) and the cold compiles of the
-    compiled baselines, which fill Inductor's on-disk caches for the timed run. Leaves a note in the
-    workdir once all of it is done (`is_prepared`)."""
+    weights, the trtmc build (`BUILD`: its time recorded beside the bundle) and the cold compiles of the
+    compiled baselines (`BASELINES`), which fill Inductor's on-disk caches for the timed run. Given both
+    parts, leaves a note in the workdir once all of it is done (`is_prepared`); `prepare_entries` notes an
+    entry whose parts ran apart. Returns the seconds it took."""
     started = time.perf_counter()
     files = oracle.photo_files(entry.photos)
     source = resolve_source(entry.model, entry.weights, options.workdir, entry.seed, files)
     if not _unsupported(source.architecture, entry.precision):  # else nothing to build: its timing says so
-        build_bundle_for(entry, source, options, progress)
-        _compile_baselines(entry, source, options, progress)
-    _write_prepared_note(options, entry, time.perf_counter() - started)
+        if BUILD in parts:
+            build_bundle_for(entry, source, options, progress)
+        if BASELINES in parts:
+            _compile_baselines(entry, source, options, progress)
+    seconds = time.perf_counter() - started
+    if set(parts) >= {BUILD, BASELINES}:
+        _write_prepared_note(options, entry, seconds)
+    return seconds
 
 
 def _write_prepared_note(options: BenchOptions, entry: Entry, seconds: float, error: str | None = None) -> None:
@@ -501,12 +515,23 @@ def _compile_baselines(entry: Entry, source: ModelSource, options: BenchOptions,
             _free(options.device)
 
 
+class PrepareFailed(Exception):
+    """An entry's prepare failed in its child process: the original error in words, and its traceback."""
+
+    def __init__(self, error: str, trace: str = "") -> None:
+        super().__init__(error, trace)
+        self.error, self.trace = error, trace
+
+    def __str__(self) -> str:
+        return self.error
+
+
 def child_threads(jobs: int) -> int:
     """Threads for each of `jobs` prepare processes sharing this machine's CPUs."""
     return max(1, usable_cpus() // jobs)
 
 
-def _prepare_in_child(entry: Entry, options: BenchOptions, quiet: bool, threads: int | None) -> None:
+def _prepare_in_child(entry: Entry, options: BenchOptions, quiet: bool, threads: int | None, part: str) -> float:
     from ..progress import Progress
 
     if threads is not None:
@@ -519,7 +544,14 @@ def _prepare_in_child(entry: Entry, options: BenchOptions, quiet: bool, threads:
         if "TORCHINDUCTOR_COMPILE_THREADS" not in os.environ:
             inductor_config.compile_threads = max(2, threads)
     say = Progress(quiet)
-    prepare_entry(entry, options, lambda message: say(f"[prepare {entry.name}] {message}"))
+    try:
+        return prepare_entry(entry, options, lambda message: say(f"[prepare {entry.name}] {message}"), (part,))
+    except Exception as exc:
+        # The exception travels back to the parent pickled, and not every one pickles (run 14: swinv2's expert
+        # compile failed and the parent saw only "cannot pickle 'module' object"): send its words and traceback.
+        import traceback
+
+        raise PrepareFailed(f"{type(exc).__name__}: {exc}", traceback.format_exc()) from None
 
 
 def prepare_entries(
@@ -532,10 +564,11 @@ def prepare_entries(
     executor: Executor | None = None,
 ) -> dict[str, str]:
     """`prepare_entry` for every entry not prepared yet (with `options.reuse_bundles`: an earlier, cut-short
-    prepare phase is taken up where it stopped), `jobs` at a time, each in a spawned process of its own with
-    its share of the CPUs (the compiles are CPU-bound and hold the GIL; CUDA does not survive a fork).
-    Returns the error of each entry that failed; its timing then builds it again. `executor` replaces the
-    process pool (its workers keep the caller's threads)."""
+    prepare phase is taken up where it stopped), `jobs` processes at a time: each entry's build, then each
+    entry's baselines, each part in a spawned process of its own with its share of the CPUs (the compiles are
+    CPU-bound and hold the GIL; CUDA does not survive a fork). An entry is noted prepared once both its parts
+    are done. Returns the error of each entry that failed; its timing then builds it again. `executor` replaces
+    the process pool (its workers keep the caller's threads)."""
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from multiprocessing import get_context
 
@@ -543,25 +576,39 @@ def prepare_entries(
     if done:
         progress(f"already prepared: {', '.join(done)}")
     todo = [e for e in entries if e.name not in done]
+    parts = (BUILD, BASELINES) if _compiled_baselines(options) else (BUILD,)
     threads = None if executor is not None else child_threads(jobs)
-    progress(f"preparing {len(todo)} entries, {jobs} at a time" + (f", {threads} threads each" if threads else ""))
+    progress(f"preparing {len(todo)} entries ({' and '.join(parts)} in processes of their own), {jobs} at a time"
+             + (f", {threads} threads each" if threads else ""))
     pool = executor or ProcessPoolExecutor(jobs, mp_context=get_context("spawn"))
     started = time.perf_counter()
     failures: dict[str, str] = {}
+    left = {entry.name: set(parts) for entry in todo}
+    seconds = {entry.name: 0.0 for entry in todo}
+    by_name = {entry.name: entry for entry in todo}
     with pool:
-        futures = {pool.submit(_prepare_in_child, entry, options, quiet, threads): entry.name for entry in todo}
-        by_name = {entry.name: entry for entry in todo}
+        futures = {pool.submit(_prepare_in_child, entry, options, quiet, threads, part): (entry.name, part)
+                   for part in parts for entry in todo}
         for future in as_completed(futures):
-            name = futures[future]
+            name, part = futures[future]
+            left[name].discard(part)
             try:
-                future.result()
-                progress(f"prepared {name} ({time.perf_counter() - started:.0f} s since the start)")
+                seconds[name] += future.result()
             except Exception as exc:
-                failures[name] = f"{type(exc).__name__}: {exc}"
-                progress(f"preparing {name} failed: {failures[name]}")
+                error = exc.error if isinstance(exc, PrepareFailed) else f"{type(exc).__name__}: {exc}"
+                failures.setdefault(name, f"{part}: {error}")
+                progress(f"preparing {name} ({part}) failed: {error}")
+                if isinstance(exc, PrepareFailed):
+                    progress("  where: " + " | ".join(exc.trace.strip().splitlines()[-5:-1]))
+            if left[name]:
+                continue
+            if name in failures:
                 # Noted as prepared all the same: a failure is not retried by the next prepare phase (its timing
                 # builds it again, and reports what fails there).
                 _write_prepared_note(options, by_name[name], 0.0, error=failures[name])
+            else:
+                _write_prepared_note(options, by_name[name], seconds[name])
+                progress(f"prepared {name} ({time.perf_counter() - started:.0f} s since the start)")
     return failures
 
 

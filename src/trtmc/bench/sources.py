@@ -15,6 +15,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..files import exclusive_lock
 from .spec import SpecError
 
 log = logging.getLogger(__name__)
@@ -80,10 +81,13 @@ def resolve_source(model: str, weights: str, workdir: Path, seed: int, photos: t
             f"(or pass --random-weights), or give a Hugging Face id such as timm/{model}"
         )
     folder = Path(workdir) / "checkpoints" / f"{timm_name.replace('/', '_')}-random-seed{seed}-photos-{photos_digest(photos)}"
-    if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file():
-        log.info("reusing random weights in %s", folder)
-    else:
-        _write_random_weights(timm_name, folder, seed, photos)
+    # One process draws them; another preparing the same entry at once (its build and its baselines run side
+    # by side) waits, then reuses them.
+    with exclusive_lock(folder.with_name(folder.name + ".lock")):
+        if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file():
+            log.info("reusing random weights in %s", folder)
+        else:
+            _write_random_weights(timm_name, folder, seed, photos)
     return ModelSource(folder, str(folder), _architecture(folder), "random")
 
 
