@@ -22,7 +22,9 @@ import torch
 
 from trtmc.bench import baselines, oracle, report, runner, timing
 from trtmc.bench.results import ENGINE, TASK, TRTMC, BenchResult
-from trtmc.bench.runner import Target, prepare_entries, run_bench, run_entry
+from trtmc.bench import prepare as prepare_phase
+from trtmc.bench.prepare import prepare_entries
+from trtmc.bench.runner import Target, run_bench, run_entry
 from trtmc.bench.sources import resolve_source
 from trtmc.bench.spec import BenchOptions, Entry, SpecError, TimingProtocol, default_name, load_config, parse_config
 from trtmc.bench.timing import TimedCall, Timing, spread, time_interleaved
@@ -546,14 +548,14 @@ def test_a_prepare_phase_cut_short_is_taken_up_where_it_stopped(tiny, few_photos
     assert "already prepared: tiny" in messages and "preparing 1 entries (build and baselines in processes of their own), 1 at a time" in messages
     assert [m for m in messages if m.startswith("prepared ")] == [m for m in messages if m.startswith("prepared tiny2 ")]
     # another set of compiled baselines is another preparation
-    assert not runner.is_prepared(done, replace(opts, baselines=("expert", "reduce-overhead")))
+    assert not prepare_phase.is_prepared(done, replace(opts, baselines=("expert", "reduce-overhead")))
 
 
 def test_an_entry_failing_its_prepare_is_not_prepared_again_and_its_error_is_noted(few_photos, tmp_path):
     opts = replace(options(tmp_path, baselines=("expert",)), reuse_bundles=True)
     broken = tiny_entry(tmp_path / "no-such-checkpoint", few_photos, name="broken", weights="random", model="not_a_timm_model")
     failures = prepare_entries([broken], opts, 1, quiet=True, executor=ThreadPoolExecutor(1))
-    assert set(failures) == {"broken"} and runner.is_prepared(broken, opts)
+    assert set(failures) == {"broken"} and prepare_phase.is_prepared(broken, opts)
     assert "not_a_timm_model" in json.loads((tmp_path / "work" / "prepared" / "broken.json").read_text())["error"]
 
 
@@ -811,9 +813,9 @@ def test_a_prepare_error_that_does_not_pickle_reaches_the_parent_in_words(monkey
     def failing(*args, **kwargs):
         raise Unpicklable()
 
-    monkeypatch.setattr(runner, "prepare_entry", failing)
-    with pytest.raises(runner.PrepareFailed) as caught:
-        runner._prepare_in_child(tiny_entry(tmp_path), options(tmp_path), True, None, runner.BASELINES)
+    monkeypatch.setattr(prepare_phase, "prepare_entry", failing)
+    with pytest.raises(prepare_phase.PrepareFailed) as caught:
+        prepare_phase._prepare_in_child(tiny_entry(tmp_path), options(tmp_path), True, None, prepare_phase.BASELINES)
     arrived = pickle.loads(pickle.dumps(caught.value))
     assert str(arrived) == "Unpicklable: the expert's compile failed"
     assert "raise Unpicklable()" in arrived.trace
@@ -824,14 +826,14 @@ def test_an_entrys_build_and_baselines_are_prepared_apart_and_noted_once_both_ar
 
     def part(entry, options, progress, parts):
         seen.append(parts)
-        assert not runner.is_prepared(entry, options)  # no note before the last part has run
+        assert not prepare_phase.is_prepared(entry, options)  # no note before the last part has run
         return 1.5
 
-    monkeypatch.setattr(runner, "prepare_entry", part)
+    monkeypatch.setattr(prepare_phase, "prepare_entry", part)
     opts = options(tmp_path, baselines=("expert",))
     entry = tiny_entry(tmp_path)
     assert prepare_entries([entry], opts, 1, quiet=True, executor=ThreadPoolExecutor(1)) == {}
-    assert seen == [("build",), ("baselines",)] and runner.is_prepared(entry, opts)
+    assert seen == [("build",), ("baselines",)] and prepare_phase.is_prepared(entry, opts)
     assert json.loads((tmp_path / "work" / "prepared" / "tiny.json").read_text())["seconds"] == 3.0
     seen.clear()
     eager_only = options(tmp_path / "eager", baselines=("eager-fp32",))

@@ -278,14 +278,14 @@ def test_the_uncompiled_engine_runs_grouped_convolutions_with_cudnn_off_and_dens
 def test_the_compiled_cuda_module_compiles_one_module_per_set_of_depthwise_taps():
     # Batch 1 runs the wide depthwise convolution as taps, batch 4 leaves it to cuDNN: two compiled modules, the
     # batch sizes sharing a set share a module. torch.compile runs on the CPU too, which is what this checks.
-    from trtmc.backends.inductor import _compile_cuda
+    from trtmc.backends.inductor_lowerings import compile_cuda
 
     g = GraphBuilder()
     x = g.input("x", (1, *CHW))
     y = g.conv2d(x, "stem.conv", np.full((32, 3, 3, 3), 0.1), padding=1)
     g.output(g.conv2d(y, "blocks.dw", np.full((32, 1, 3, 3), 0.2), padding=1, groups=32))
     graph = assign_precision(g.finish(), PrecisionPolicy("fp32"))
-    compiled, reference = _compile_cuda(graph), ReferenceEngine(graph, "cpu", Batching.up_to(4))
+    compiled, reference = compile_cuda(graph), ReferenceEngine(graph, "cpu", Batching.up_to(4))
     for batch in (1, 4, 2):
         x = pixels(batch, seed=batch, device="cpu")
         with torch.no_grad():

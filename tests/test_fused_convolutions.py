@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from trtmc.backends.fused_convolutions import FusedConvolution, fused_convolutions
-from trtmc.backends.inductor import FUSED, LOWERINGS, PLAIN, _compile_cuda, lowering_candidates
+from trtmc.backends.inductor_lowerings import FUSED, LOWERINGS, PLAIN, compile_cuda, lowering_candidates
 from trtmc.backends.torch_lowering import GraphModule, channels_last_weights, to_fx, vector_product_nodes
 from trtmc.graph import Activation
 from trtmc.graph_builder import GraphBuilder
@@ -126,7 +126,7 @@ def test_the_compiled_engine_runs_the_lowering_its_record_chose_for_each_batch_s
     # implementations giving the layouts), which is what this checks: batch 4 was built fused, batch 1 plain.
     graph = _bottleneck("fp16", np.random.default_rng(6))
     record = {LOWERINGS: {"1": {"chosen": PLAIN}, "4": {"chosen": FUSED}}}
-    compiled = _compile_cuda(graph, record)
+    compiled = compile_cuda(graph, record)
     reference = GraphModule(graph, fusions=fused_convolutions(graph))
     x = torch.rand((4, 3, 16, 16), generator=torch.Generator().manual_seed(7)).half().contiguous(memory_format=torch.channels_last)
     with torch.no_grad():
@@ -136,7 +136,7 @@ def test_the_compiled_engine_runs_the_lowering_its_record_chose_for_each_batch_s
 
 
 def test_a_record_naming_a_lowering_the_graph_does_not_offer_is_refused_with_the_fix():
-    compiled = _compile_cuda(_bottleneck("fp32"), {LOWERINGS: {"1": {"chosen": FUSED}}})
+    compiled = compile_cuda(_bottleneck("fp32"), {LOWERINGS: {"1": {"chosen": FUSED}}})
     with pytest.raises(RuntimeError, match="rebuild the bundle"):
         compiled(torch.rand((1, 3, 16, 16)))
 

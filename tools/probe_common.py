@@ -14,7 +14,7 @@ from trtmc.backends.torch_lowering import channels_last_weights
 
 def engine_replay(module: torch.nn.Module, graph, batch: int):
     """(replay, output, seconds to the first three calls): `module` (from `to_fx(graph, ...)`) as
-    `inductor._compile_cuda` prepares it (channels-last convolution weights, pixels in the graph's
+    `inductor_lowerings.compile_cuda` prepares it (channels-last convolution weights, pixels in the graph's
     precision), compiled, warmed up and captured in a CUDA graph at `batch`."""
     module = channels_last_weights(module.eval().cuda(), graph)
     compiled = torch.compile(module, dynamic=False)

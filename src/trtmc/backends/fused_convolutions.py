@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ..graph import Activation, Binary, DType, Graph, Node, OpKind
-from .torch_lowering import _is_depthwise, _pad_if_asymmetric
+from .torch_lowering import is_depthwise, _pad_if_asymmetric
 
 # cuDNN's fused operation graphs take half-precision convolutions; fp32 ones would run in TF32 there.
 FUSED_DTYPES = (DType.F16, DType.BF16)
@@ -110,7 +110,7 @@ def _fusable(node: Node, graph: Graph, consumers: dict[str, list[Node]], exclude
         and node.attrs.weight is not None
         and node.type.dtype in FUSED_DTYPES
         and graph.node(node.inputs[0]).type.dtype is node.type.dtype
-        and not _is_depthwise(node, graph)
+        and not is_depthwise(node, graph)
         and node.name not in exclude
         and node.name not in graph.outputs
         and len(consumers[node.name]) == 1

@@ -26,7 +26,6 @@ import os
 import tempfile
 import time
 import zipfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -35,9 +34,8 @@ import torch
 from ..graph import Graph
 from . import Batching, BuiltEngine, Engine, EngineEntry, EngineSpec, LoadOptions, Progress
 from .engine_io import EngineBase, PixelSpec, device_missing_reason
-from .fused_convolutions import fused_convolutions
-from .gpu_lock import cuda_device_name, lock_path, timing_alone
-from .torch_lowering import _is_depthwise, channels_last_weights, depthwise_taps_nodes, to_fx, vector_product_nodes
+from .inductor_lowerings import LOWERINGS, captured, choose_lowering, compile_cuda
+from .torch_lowering import channels_last_weights, to_fx
 
 log = logging.getLogger(__name__)
 
@@ -152,10 +150,10 @@ def _build_cuda(graph: Graph, spec: EngineSpec, progress: Progress) -> tuple[dic
     if reason:
         raise RuntimeError(reason)
     _forget_earlier_compiles()
-    compiled = _compile_cuda(graph)
+    compiled = compile_cuda(graph)
     choices: dict[str, dict[str, Any]] = {}
     for batch in compiled_batch_sizes(spec.max_batch):
-        choice = _choose_lowering(compiled, graph, batch, progress)
+        choice = choose_lowering(compiled, graph, _example(graph, batch, "cuda"), progress)
         compiled.choose(batch, choice.chosen)
         choices[str(batch)] = choice.to_json()
     torch.cuda.synchronize()
@@ -171,128 +169,6 @@ def _build_cuda(graph: Graph, spec: EngineSpec, progress: Progress) -> tuple[dic
     }
 
 
-LOWERINGS = "lowerings"  # the engine record's key: per batch size, the lowering chosen at build and why
-PLAIN, FUSED = "plain", "cudnn-fused"
-# A candidate replaces the plain lowering only when its median replay is at least this much faster: two
-# compiles of the same graph time within ~1% of each other (benchmarks/NOTES.md, run 6).
-MIN_GAIN = 0.01
-
-
-@dataclass(frozen=True)
-class Lowering:
-    """How the CUDA engine lowers the graph at one batch size: the depthwise convolutions run as taps, the
-    1x1 convolutions on 1x1 maps as products, and (`fused`) each convolution with its bias, residual add and
-    ReLU as one cuDNN call (`fused_convolutions`)."""
-
-    taps: frozenset[str]
-    products: frozenset[str]
-    fused: bool = False
-
-    def module(self, graph: Graph, device: torch.device) -> torch.nn.Module:
-        fusions = fused_convolutions(graph, exclude=self.taps | self.products) if self.fused else None
-        fx = to_fx(graph, quantized_gemms=True, depthwise_taps=self.taps, vector_products=self.products, fusions=fusions)
-        return channels_last_weights(fx.eval().to(device), graph)
-
-
-def lowering_candidates(graph: Graph, batch: int) -> dict[str, Lowering]:
-    """The lowerings a build times at `batch`: the plain one (taps and products where measured faster, run 9
-    and 11) and, where the graph has ReLUs after half-precision convolutions, the same with those fused, except
-    where the plain lowering runs most depthwise convolutions as taps (at batch 1): there the ReLU before a
-    depthwise convolution already fuses into its taps' kernel. Run 13 measured the fused candidate there faster
-    on 2 of 7 networks, by at most 4% (ghostnet_100 0.320 -> 0.313 ms, mobilenetv4_conv_small 0.145 -> 0.139),
-    and slower on the other 5, for a second compile of the graph (ghostnet_100: 43 s of a 139 s build)."""
-    plain = Lowering(depthwise_taps_nodes(graph, batch), vector_product_nodes(graph, batch))
-    candidates = {PLAIN: plain}
-    depthwise = sum(1 for node in graph.nodes if _is_depthwise(node, graph))
-    mostly_taps = depthwise > 0 and 2 * len(plain.taps) >= depthwise
-    if not mostly_taps and fused_convolutions(graph, exclude=plain.taps | plain.products):
-        candidates[FUSED] = Lowering(plain.taps, plain.products, fused=True)
-    return candidates
-
-
-@dataclass(frozen=True)
-class LoweringChoice:
-    """What a build measured at one batch size: each candidate's median replay (ms) or its error."""
-
-    chosen: str
-    ms: Mapping[str, float]
-    errors: Mapping[str, str]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"chosen": self.chosen, "ms": {k: round(v, 5) for k, v in self.ms.items()}, "errors": dict(self.errors)}
-
-
-def _choose_lowering(compiled: "_CompiledCuda", graph: Graph, batch: int, progress: Progress) -> LoweringChoice:
-    """Compile every candidate lowering at `batch`, replay each in a CUDA graph, time them interleaved, and
-    keep the fastest (the plain one unless another is `MIN_GAIN` faster). A candidate that fails to compile
-    or capture is recorded with its error; the plain one must work. The timing holds the GPU's timing lock
-    (`gpu_lock`): builds running side by side compile together but time one at a time."""
-    candidates = lowering_candidates(graph, batch)
-    example = _example(graph, batch, "cuda")
-    if len(candidates) == 1:  # nothing to choose: compile the plain lowering, as before there were candidates
-        progress(f"compiling with Inductor for CUDA, batch {batch}")
-        with torch.no_grad():
-            compiled.module_for(candidates[PLAIN], example.device)(example)
-        return LoweringChoice(PLAIN, {}, {})
-    graphs, errors = {}, {}
-    for name, lowering in candidates.items():
-        progress(f"compiling with Inductor for CUDA, batch {batch}" + ("" if name == PLAIN else f" ({name})"))
-        try:
-            graphs[name], _ = _captured(compiled.module_for(lowering, example.device), example)
-        except Exception as exc:
-            if name == PLAIN:
-                raise
-            log.info("the %s lowering at batch %d failed", name, batch, exc_info=True)
-            errors[name] = f"{type(exc).__name__}: {exc}"
-    with timing_alone(lock_path(cuda_device_name(example.device.index or 0)),
-                      lambda s: progress(f"batch {batch}: waited {s:.1f} s for another build's timing to end")):
-        ms = _replay_ms(graphs)
-    del graphs
-    torch.cuda.empty_cache()
-    fastest = min(ms, key=ms.get)
-    chosen = fastest if ms[fastest] < ms[PLAIN] * (1 - MIN_GAIN) else PLAIN
-    progress(f"batch {batch}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in ms.items()) + f"; kept {chosen}")
-    return LoweringChoice(chosen, ms, errors)
-
-
-def _captured(module, example: torch.Tensor) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-    """`module` called three times on a side stream (compiling, warm from the caches where they answer, and
-    settling its allocations outside capture), then one call captured in a CUDA graph: (graph, its output)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.no_grad(), torch.cuda.stream(stream):
-        for _ in range(3):
-            module(example)
-    torch.cuda.current_stream().wait_stream(stream)
-    cuda_graph = torch.cuda.CUDAGraph()
-    with torch.no_grad(), torch.cuda.graph(cuda_graph):
-        out = module(example)
-    return cuda_graph, out
-
-
-def _replay_ms(graphs: Mapping[str, torch.cuda.CUDAGraph], rounds: int = 9, round_ms: float = 10.0) -> dict[str, float]:
-    """Each graph's quickest round, in ms per replay: rounds of back-to-back replays lasting about `round_ms`,
-    timed with CUDA events, the graphs interleaved round by round (the bench's protocol, shorter). The quickest
-    round, not the median: work of other processes on the GPU (a parallel prepare's compiles autotune their
-    kernels on it) only ever slows a round, and run 14 saw a candidate's median moved 3.2x by it."""
-
-    def timed(cuda_graph: torch.cuda.CUDAGraph, calls: int) -> float:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(calls):
-            cuda_graph.replay()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end)
-
-    calls = {name: max(1, round(round_ms / max(timed(g, 1), 1e-3))) for name, g in graphs.items()}
-    samples: dict[str, list[float]] = {name: [] for name in graphs}
-    for _ in range(rounds):
-        for name, cuda_graph in graphs.items():
-            samples[name].append(timed(cuda_graph, calls[name]) / calls[name])
-    return {name: min(s) for name, s in samples.items()}
-
-
 def _forget_earlier_compiles() -> None:
     """save_cache_artifacts() returns everything compiled in the process so far: start this engine's
     record empty, so a process that builds several bundles does not pack one's caches into the next."""
@@ -302,63 +178,6 @@ def _forget_earlier_compiles() -> None:
     except ImportError:  # other torch versions keep no such record
         return
     CacheArtifactManager.clear()
-
-
-class _CompiledCuda:
-    """The graph compiled for CUDA, one `torch.compile` per distinct `Lowering`: the depthwise convolutions run
-    as fused taps (`depthwise_taps_nodes`: more of them at batch 1 than at larger batches), the 1x1
-    convolutions on 1x1 maps as products and a sum (`vector_product_nodes`: at batch 1), and, where the build
-    measured it faster, convolutions with their bias, residual add and ReLU as one cuDNN call (`chosen`: batch
-    size -> candidate name, from the engine's record; `lowering_candidates`). A batch size is compiled at its
-    first call. fp8/int8 graphs run their quantized 1x1 convolutions and linear ops as FP8 / INT8 GEMMs (the
-    quantize ops feeding them fuse into their producers' kernels), not fp16 ops on dequantized values."""
-
-    def __init__(self, graph: Graph, chosen: Mapping[int, str] | None = None) -> None:
-        self._graph = graph
-        self._chosen = dict(chosen or {})
-        self._by_lowering: dict[Lowering, torch.nn.Module] = {}
-        self._by_batch: dict[int, torch.nn.Module] = {}
-
-    def choose(self, batch: int, name: str) -> None:
-        """Run `batch` with the candidate lowering `name` from now on."""
-        self._chosen[batch] = name
-        self._by_batch.pop(batch, None)
-
-    def module_for(self, lowering: Lowering, device: torch.device) -> torch.nn.Module:
-        if lowering not in self._by_lowering:
-            self._by_lowering[lowering] = torch.compile(lowering.module(self._graph, device), dynamic=False)
-        return self._by_lowering[lowering]
-
-    def __call__(self, pixels: torch.Tensor) -> torch.Tensor:
-        batch = pixels.shape[0]
-        if batch in self._by_batch:
-            return self._by_batch[batch](pixels)
-        candidates = lowering_candidates(self._graph, batch)
-        name = self._chosen.get(batch, PLAIN)
-        if name not in candidates:
-            raise RuntimeError(f"the engine was built with the {name!r} lowering at batch {batch}, which this "
-                               f"graph does not offer ({', '.join(candidates)}); rebuild the bundle")
-        module = self.module_for(candidates[name], pixels.device)
-        try:
-            out = module(pixels)  # the first call compiles (from the bundle's caches)
-        except Exception:
-            if name == PLAIN:
-                raise
-            # The plain lowering is in the bundle's caches too: a chosen candidate that does not run here (another
-            # cuDNN, say) costs its speed, not the engine.
-            log.warning("the %s lowering chosen at build does not run here at batch %d; running the plain one",
-                        name, batch, exc_info=True)
-            module = self.module_for(candidates[PLAIN], pixels.device)
-            out = module(pixels)
-        self._by_batch[batch] = module
-        return out
-
-
-def _compile_cuda(graph: Graph, record: Mapping[str, Any] | None = None) -> _CompiledCuda:
-    """The compiled graph, with the lowering each batch size was built with (`LOWERINGS` in the engine's record;
-    bundles from before that record run the plain lowering)."""
-    chosen = {int(batch): c["chosen"] for batch, c in (record or {}).get(LOWERINGS, {}).items()}
-    return _CompiledCuda(graph, chosen)
 
 
 def compiling_in_process():
@@ -433,13 +252,13 @@ class InductorCudaEngine(EngineBase):
         super().__init__(PixelSpec.of(graph, "cuda"), batching)
         torch.compiler.load_cache_artifacts(cache)
         self._feed = feed_dtype(graph)
-        self._compiled = _compile_cuda(graph, record)
+        self._compiled = compile_cuda(graph, record)
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
 
     def _capture(self, batch: int):
         static_in = _cuda_feed(self._pixels.zeros(batch), self._feed)
         with compiling_in_process():
-            cuda_graph, static_out = _captured(self._compiled, static_in)
+            cuda_graph, static_out = captured(self._compiled, static_in)
         return cuda_graph, static_in, static_out
 
     def _forward(self, pixels: torch.Tensor) -> torch.Tensor:

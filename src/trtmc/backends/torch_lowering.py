@@ -333,7 +333,7 @@ def _conv2d_half_via_fp32(node, args, w):
     return F.conv2d(x, weight, bias, a.stride, padding, a.dilation, a.groups).to(args[0].dtype)
 
 
-def _is_depthwise(node: Node, graph: Graph) -> bool:
+def is_depthwise(node: Node, graph: Graph) -> bool:
     """A convolution with one stored 2-D kernel per channel (weight [C, 1, kh, kw], groups = C)."""
     a = node.attrs
     if node.kind is not OpKind.CONV2D or a.weight is None:
@@ -379,7 +379,7 @@ def depthwise_taps_nodes(graph: Graph, batch: int) -> frozenset[str]:
     depthwise convolution as taps, efficientnet_b0 went 0.415 -> 0.441 and 3.18 -> 7.63 ms: Inductor fused
     the taps into its squeeze-excite means, whose reduction loops run them slowly."""
     consumers = graph.consumers()
-    taps = [n for n in graph.nodes if _is_depthwise(n, graph) and not _feeds_a_reduction(n, consumers)]
+    taps = [n for n in graph.nodes if is_depthwise(n, graph) and not _feeds_a_reduction(n, consumers)]
     if batch > 1:
         taps = [n for n in taps if graph.weights[n.attrs.weight].shape[0] < TAPS_BELOW_CHANNELS]
     return frozenset(n.name for n in taps)

@@ -265,7 +265,8 @@ def _cmd_bench(args) -> int:
     except RuntimeError as exc:
         raise RuntimeError(f"trtmc bench needs timm (random weights, baselines, the oracle): {INSTALL}") from exc
     from .report import write_results
-    from .runner import prepare_entries, prepare_entry, run_bench
+    from .prepare import prepare_entries, prepare_entry
+    from .runner import run_bench
 
     options = BenchOptions(
         workdir=args.workdir or args.out / "work",

@@ -20,7 +20,6 @@ import logging
 import os
 import platform
 import time
-from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -33,7 +32,7 @@ from ..backends.inductor import compiling_in_process
 from ..preprocess import PreprocessSpec
 from ..random_weights import load_timm_model, timm_pixels
 from . import oracle
-from .baselines import COMPILED, make_baseline
+from .baselines import make_baseline
 from .folder import FolderJob, run_folder_scope, usable_cpus
 from .results import ENGINE, TASK, TRTMC, BenchResult, EntryResult, FolderRun, Row
 from .sources import ModelSource, resolve_source
@@ -55,7 +54,7 @@ def default_clock_for(subject: str, scope: str, batch: int, device: str) -> Cloc
     return HostClock(device)
 
 
-def _quiet(message: str) -> None:
+def log_progress(message: str) -> None:
     log.info("%s", message)
 
 
@@ -264,7 +263,7 @@ def _timm_at_precision(model, precision: str, photos: Photos, device: str) -> to
     with torch.no_grad():
         logits = eager(eager.prepare(photos.timm_pixels.to(device)))
     del eager
-    _free(device)
+    free_device_memory(device)
     return logits
 
 
@@ -343,13 +342,13 @@ def _judged(c: Contender, timing: Timing, first_call_s: float, ref: oracle.Refer
     return Row(c.subject, c.label, c.scope, c.batch, timing, first_call_s, verdict)
 
 
-def _free(device: str) -> None:
+def free_device_memory(device: str) -> None:
     gc.collect()
     if str(device).startswith("cuda"):
         torch.cuda.empty_cache()
 
 
-def _unsupported(architecture: str, precision: str) -> str | None:
+def unsupported_reason(architecture: str, precision: str) -> str | None:
     from ..families import UnsupportedModel, find_family
 
     try:
@@ -377,7 +376,7 @@ def run_entry(
     *,
     prepare: Prepare = build_target,
     clock_for: ClockFor = default_clock_for,
-    progress: Progress = _quiet,
+    progress: Progress = log_progress,
     host: HostSpeed | None = None,
 ) -> EntryResult:
     """Build, time and judge one entry; every failure becomes the entry's status, never an exception. `host`
@@ -388,7 +387,7 @@ def run_entry(
         progress(f"checkpoint: {entry.model} ({entry.weights} weights)")
         source = resolve_source(entry.model, entry.weights, options.workdir, entry.seed, files)
         facts.update(architecture=source.architecture, weights=source.weights)
-        unsupported = _unsupported(source.architecture, entry.precision)
+        unsupported = unsupported_reason(source.architecture, entry.precision)
         if unsupported:
             progress(f"skipped: {unsupported}")
             return EntryResult(entry, "unsupported", unsupported, **facts)
@@ -415,7 +414,7 @@ def run_entry(
             rows, facts["host"] = time_and_judge(plan, entry, ref, options.device, progress, host)
             del plan, target, model
         del timm_model
-        _free(options.device)
+        free_device_memory(options.device)
         folder_runs = () if folder_job is None else run_folder_scope(folder_job, files, ref, progress)
     except KeyboardInterrupt:
         raise
@@ -441,175 +440,6 @@ def entry_status(rows: list[Row], folder_runs: tuple[FolderRun, ...] = ()) -> tu
     if broken:
         return "error", "; ".join(f"{what}: {r.error}" for what, r in broken)
     return "passed", ""
-
-
-PREPARED = "prepared"  # the workdir folder where each prepared entry leaves a note of what was prepared
-
-
-def _prepared_note(options: BenchOptions, entry: Entry) -> Path:
-    return Path(options.workdir) / PREPARED / f"{entry.name}.json"
-
-
-def _compiled_baselines(options: BenchOptions) -> list[str]:
-    return [k for k in options.baselines if k in COMPILED]
-
-
-def is_prepared(entry: Entry, options: BenchOptions) -> bool:
-    """Whether a prepare phase in this workdir finished `entry` for these options' compiled baselines."""
-    note = _prepared_note(options, entry)
-    return note.is_file() and json.loads(note.read_text()).get("compiled") == _compiled_baselines(options)
-
-
-# The two parts of an entry's prepare. They need nothing of each other, so the prepare phase runs them in
-# processes of their own: an entry's build and its baselines' compiles side by side, and the machine's CPUs kept
-# busy to the end (run 14's prepare: 414 s, its last 160 s waiting on the few long entries, mixnet_s's build and
-# then its expert's compiles one after the other).
-BUILD, BASELINES = "build", "baselines"
-
-
-def prepare_entry(entry: Entry, options: BenchOptions, progress: Progress = _quiet,
-                  parts: tuple[str, ...] = (BUILD, BASELINES)) -> float:
-    """The slow, CPU-bound part of an entry, so that several can run at once before timing: random
-    weights, the trtmc build (`BUILD`: its time recorded beside the bundle) and the cold compiles of the
-    compiled baselines (`BASELINES`), which fill Inductor's on-disk caches for the timed run. Given both
-    parts, leaves a note in the workdir once all of it is done (`is_prepared`); `prepare_entries` notes an
-    entry whose parts ran apart. Returns the seconds it took."""
-    started = time.perf_counter()
-    files = oracle.photo_files(entry.photos)
-    source = resolve_source(entry.model, entry.weights, options.workdir, entry.seed, files)
-    if not _unsupported(source.architecture, entry.precision):  # else nothing to build: its timing says so
-        if BUILD in parts:
-            build_bundle_for(entry, source, options, progress)
-        if BASELINES in parts:
-            _compile_baselines(entry, source, options, progress)
-    seconds = time.perf_counter() - started
-    if set(parts) >= {BUILD, BASELINES}:
-        _write_prepared_note(options, entry, seconds)
-    return seconds
-
-
-def _write_prepared_note(options: BenchOptions, entry: Entry, seconds: float, error: str | None = None) -> None:
-    note = _prepared_note(options, entry)
-    note.parent.mkdir(parents=True, exist_ok=True)
-    record = {"compiled": _compiled_baselines(options), "seconds": round(seconds, 1), "error": error}
-    note.write_text(json.dumps(record))
-
-
-def _compile_baselines(entry: Entry, source: ModelSource, options: BenchOptions, progress: Progress) -> None:
-    """Every compiled baseline called once at each batch size: a cold compile, into the disk caches."""
-    compiled = _compiled_baselines(options)
-    if not compiled:
-        return
-    from ..checkpoint import Checkpoint
-
-    with torch.no_grad():
-        model = load_timm_model(source.folder).to(options.device)
-        pixels = torch.zeros((1,) + tuple(Checkpoint(source.folder).config.pretrained.input_size), device=options.device)
-        for key in compiled:
-            baseline = make_baseline(key, model, entry.precision, options.device)
-            for batch in entry.batch_sizes:
-                baseline(baseline.prepare(pixels.expand(batch, -1, -1, -1)))
-                synchronize(options.device)
-                progress(f"compiled {key} batch {batch}")
-            del baseline
-            _free(options.device)
-
-
-class PrepareFailed(Exception):
-    """An entry's prepare failed in its child process: the original error in words, and its traceback."""
-
-    def __init__(self, error: str, trace: str = "") -> None:
-        super().__init__(error, trace)
-        self.error, self.trace = error, trace
-
-    def __str__(self) -> str:
-        return self.error
-
-
-def child_threads(jobs: int) -> int:
-    """Threads for each of `jobs` prepare processes sharing this machine's CPUs."""
-    return max(1, usable_cpus() // jobs)
-
-
-def _prepare_in_child(entry: Entry, options: BenchOptions, quiet: bool, threads: int | None, part: str) -> float:
-    from ..progress import Progress
-
-    if threads is not None:
-        # A process's share of the CPUs, for torch's own ops (random weights are calibrated on the CPU) and for
-        # Inductor's compile workers: each process would otherwise start one thread and one worker per core.
-        # Run 7's twelve processes of 16 threads each spent ~2 minutes just drawing random weights.
-        import torch._inductor.config as inductor_config
-
-        torch.set_num_threads(threads)
-        if "TORCHINDUCTOR_COMPILE_THREADS" not in os.environ:
-            inductor_config.compile_threads = max(2, threads)
-    say = Progress(quiet)
-    try:
-        return prepare_entry(entry, options, lambda message: say(f"[prepare {entry.name}] {message}"), (part,))
-    except Exception as exc:
-        # The exception travels back to the parent pickled, and not every one pickles (run 14: swinv2's expert
-        # compile failed and the parent saw only "cannot pickle 'module' object"): send its words and traceback.
-        import traceback
-
-        raise PrepareFailed(f"{type(exc).__name__}: {exc}", traceback.format_exc()) from None
-
-
-def prepare_entries(
-    entries: tuple[Entry, ...] | list[Entry],
-    options: BenchOptions,
-    jobs: int,
-    progress: Progress = _quiet,
-    *,
-    quiet: bool = False,
-    executor: Executor | None = None,
-) -> dict[str, str]:
-    """`prepare_entry` for every entry not prepared yet (with `options.reuse_bundles`: an earlier, cut-short
-    prepare phase is taken up where it stopped), `jobs` processes at a time: each entry's build, then each
-    entry's baselines, each part in a spawned process of its own with its share of the CPUs (the compiles are
-    CPU-bound and hold the GIL; CUDA does not survive a fork). An entry is noted prepared once both its parts
-    are done. Returns the error of each entry that failed; its timing then builds it again. `executor` replaces
-    the process pool (its workers keep the caller's threads)."""
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-    from multiprocessing import get_context
-
-    done = [e.name for e in entries if options.reuse_bundles and is_prepared(e, options)]
-    if done:
-        progress(f"already prepared: {', '.join(done)}")
-    todo = [e for e in entries if e.name not in done]
-    parts = (BUILD, BASELINES) if _compiled_baselines(options) else (BUILD,)
-    threads = None if executor is not None else child_threads(jobs)
-    progress(f"preparing {len(todo)} entries ({' and '.join(parts)} in processes of their own), {jobs} at a time"
-             + (f", {threads} threads each" if threads else ""))
-    pool = executor or ProcessPoolExecutor(jobs, mp_context=get_context("spawn"))
-    started = time.perf_counter()
-    failures: dict[str, str] = {}
-    left = {entry.name: set(parts) for entry in todo}
-    seconds = {entry.name: 0.0 for entry in todo}
-    by_name = {entry.name: entry for entry in todo}
-    with pool:
-        futures = {pool.submit(_prepare_in_child, entry, options, quiet, threads, part): (entry.name, part)
-                   for part in parts for entry in todo}
-        for future in as_completed(futures):
-            name, part = futures[future]
-            left[name].discard(part)
-            try:
-                seconds[name] += future.result()
-            except Exception as exc:
-                error = exc.error if isinstance(exc, PrepareFailed) else f"{type(exc).__name__}: {exc}"
-                failures.setdefault(name, f"{part}: {error}")
-                progress(f"preparing {name} ({part}) failed: {error}")
-                if isinstance(exc, PrepareFailed):
-                    progress("  where: " + " | ".join(exc.trace.strip().splitlines()[-5:-1]))
-            if left[name]:
-                continue
-            if name in failures:
-                # Noted as prepared all the same: a failure is not retried by the next prepare phase (its timing
-                # builds it again, and reports what fails there).
-                _write_prepared_note(options, by_name[name], 0.0, error=failures[name])
-            else:
-                _write_prepared_note(options, by_name[name], seconds[name])
-                progress(f"prepared {name} ({time.perf_counter() - started:.0f} s since the start)")
-    return failures
 
 
 def source_digest() -> str:
@@ -708,7 +538,7 @@ def run_bench(
     *,
     prepare: Prepare = build_target,
     clock_for: ClockFor = default_clock_for,
-    progress: Progress = _quiet,
+    progress: Progress = log_progress,
     on_result: Callable[[BenchResult], None] | None = None,
 ) -> BenchResult:
     """Every entry in turn (one failing never stops the others); `on_result` sees the results so
