@@ -56,3 +56,11 @@ def test_an_uncontended_lock_reports_no_wait(tmp_path):
     with timing_alone(lock_path("GPU-test", tmp_path), waits.append) as wait:
         pass
     assert wait < 0.1 and waits == []
+
+
+def test_a_lock_that_cannot_be_opened_lets_the_timing_go_on_without_it(tmp_path, caplog):
+    not_a_folder = tmp_path / "a-file"
+    not_a_folder.write_text("")
+    with timing_alone(not_a_folder / "trtmc-gpu-timing-x.lock") as wait:
+        ran = True
+    assert ran and wait == 0.0 and "timing the candidates without it" in caplog.text

@@ -17,7 +17,8 @@
 # them prepares and times those entries only. `time` times only prepared entries and names the others: given an
 # unprepared entry, `trtmc bench` would build it inside the time limit (run 12 lost a call's last 270 s so).
 # A record (WORKDIR/timed/NAME.pickle) is taken by `--resume` only when the code (trtmc's source digest), the versions,
-# the machine and the entry are the same; RECORDS (default bench-records/timed) are copied into the work folder first.
+# the machine and the entry are the same; RECORDS (default bench-records/timed; or a call's timed.tar.gz, as committed
+# in the results folder of a bench cut short) are copied into the work folder first.
 # $OUT gets bench.log, timed.tar.gz (the records) and, from `time` and `report`, bench/results.{json,md} and latency.png.
 set -u
 export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1
@@ -26,7 +27,11 @@ WORK=${WORK:-/tmp/bw}
 LIMIT=${LIMIT:-570}
 RECORDS=${RECORDS:-bench-records/timed}
 mkdir -p "$OUT" "$WORK/timed"
-[ -d "$RECORDS" ] && cp -n "$RECORDS"/*.pickle "$WORK/timed/" 2>/dev/null
+if [ -f "$RECORDS" ]; then  # an archive a call brought back (committed beside a bench cut short)
+    tar -xzf "$RECORDS" -C "$WORK" --skip-old-files
+elif [ -d "$RECORDS" ]; then
+    cp -n "$RECORDS"/*.pickle "$WORK/timed/" 2>/dev/null
+fi
 python3 -c "from trtmc.bench.runner import source_digest; print('trtmc source', source_digest())" >>"$OUT/bench.log"
 names=$(python3 -m trtmc bench --list | awk '{print $1}')
 JOBS=${JOBS:-14}

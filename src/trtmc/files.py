@@ -61,16 +61,19 @@ def exclusive_lock(path: Path, waited: Callable[[float], None] | None = None) ->
     more). The kernel drops the lock when its process dies, so a killed holder never leaves it held."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+b") as lock:
+    fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)  # flock needs no write access: others may share it
+    try:
         started = time.perf_counter()
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        fcntl.flock(fd, fcntl.LOCK_EX)
         wait = time.perf_counter() - started
         if waited is not None and wait >= 0.1:
             waited(wait)
         try:
             yield wait
         finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 def write_text_atomically(path: Path, write: Callable[[TextIO], None]) -> Path:

@@ -11,12 +11,16 @@ drops the lock when its process dies, so a killed build never leaves it held.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import tempfile
 from pathlib import Path
-from typing import Callable, ContextManager
+from typing import Callable, Iterator
 
 from ..files import exclusive_lock
+
+log = logging.getLogger(__name__)
 
 LOCK_PREFIX = "trtmc-gpu-timing-"
 
@@ -29,17 +33,27 @@ def lock_path(gpu: str, folder: str | os.PathLike | None = None) -> Path:
 
 def cuda_device_name(index: int = 0) -> str:
     """A name of CUDA device `index` that every process on this machine agrees on: its UUID where torch
-    reports one (CUDA_VISIBLE_DEVICES renumbers devices, UUIDs stay), else its PCI bus id."""
+    reports one (CUDA_VISIBLE_DEVICES renumbers devices, UUIDs stay), else its PCI location, else its index."""
     import torch
 
     props = torch.cuda.get_device_properties(index)
-    uuid = getattr(props, "uuid", None)
-    if uuid is not None:
-        return str(uuid)
-    return f"pci-{getattr(props, 'pci_bus_id', index)}-{getattr(props, 'pci_device_id', 0)}"
+    try:
+        return str(props.uuid)
+    except Exception:  # a torch without the UUID: the PCI location where it has one
+        location = [getattr(props, key, None) for key in ("pci_domain_id", "pci_bus_id", "pci_device_id")]
+        return "pci-" + "-".join(map(str, location)) if None not in location else f"cuda{index}"
 
 
-def timing_alone(path: Path, waited: Callable[[float], None] | None = None) -> ContextManager[float]:
+@contextlib.contextmanager
+def timing_alone(path: Path, waited: Callable[[float], None] | None = None) -> Iterator[float]:
     """Hold the GPU's timing lock at `path` for the block; yields the seconds spent waiting for it (also given
-    to `waited` when the wait was noticeable, so a build can say why it paused)."""
-    return exclusive_lock(path, waited)
+    to `waited` when the wait was noticeable, so a build can say why it paused). A lock this process may not
+    open (another user's file in a shared temporary folder, say) is logged and the timing goes on without
+    it: the lock makes a choice steadier, its absence must not fail a build."""
+    with contextlib.ExitStack() as stack:
+        try:
+            wait = stack.enter_context(exclusive_lock(path, waited))
+        except OSError as exc:
+            log.warning("cannot take the GPU timing lock %s (%s); timing the candidates without it", path, exc)
+            wait = 0.0
+        yield wait
