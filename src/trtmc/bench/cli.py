@@ -133,10 +133,10 @@ def add_bench(sub) -> None:
     how.add_argument("--no-baselines", action="store_true",
                      help="time trtmc only (the folder scope still runs its DataLoader baseline)")
     how.add_argument("--prepare-jobs", type=int, default=0, metavar="N",
-                     help="first run N entries at a time, each in a process of its own, through their CPU-bound "
-                          "part (random weights, trtmc build, cold torch.compile of the baselines, filling "
-                          "Inductor's disk caches), then time every entry one after another; build times are "
-                          "then measured under that load")
+                     help="first run the entries' CPU-bound part in N processes at a time (random weights; each "
+                          "entry's trtmc build and, in a process of its own, the cold torch.compile of its "
+                          "baselines, filling Inductor's disk caches), then time every entry one after another; "
+                          "build times are then measured under that load")
     how.add_argument("--prepare-only", action="store_true",
                      help="only run the CPU-bound part of each entry (with --prepare-jobs N: N at a time), then exit")
     how.add_argument("--reuse-prepared", action="store_true",
