@@ -16,6 +16,10 @@
 #                bit for bit on the photos and noise of awkward sizes, page-locked slots, images/s over 2,002 files)
 #   taps         tools/depthwise_taps_probe.py: depthwise convolutions as fused taps against cuDNN's, ghostnet_100 and
 #                efficientnet_b0 at batch 1 and 128 (compiled in parallel first, then timed one model at a time)
+#   templates    tools/autotune_probe.py (issue 12's template levers, never yet run on the GPU): Triton GEMM templates
+#                with the GELU in their epilogue for vit_base_patch16_224 and convnext_tiny, then Triton convolution
+#                templates for resnet50, each against the expert at batch 1 and 128, one model at a time (an equal
+#                share of the time left each); results in templates/ARCH.json after every batch size
 #   probe        tools/pipeline_probe.py on the 2,002 photos: decoding alone and the whole pipeline, profiled
 #   folderbench  the folder scope of `trtmc bench` (2,002 and 20,000 files, trtmc against timm + DataLoader +
 #                torch.compile) and Ray Data over the 2,002 files (tools/folder_bench.py), with Ray from
@@ -148,6 +152,18 @@ taps() {
     for arch in $archs; do
         timeout 150 python3 tools/depthwise_taps_probe.py "$RESULTS/taps" "$arch" >>"$LOG" 2>&1
         echo "taps $arch: $?" >>"$LOG"
+    done
+}
+
+templates() {
+    mkdir -p "$RESULTS/templates"
+    local arch variants n=3  # the models left: each gets an equal share of the time left when it starts
+    for pair in vit_base_patch16_224:gemm_templates convnext_tiny:gemm_templates resnet50:max_autotune_templates; do
+        arch=${pair%%:*} variants=expert,${pair#*:}
+        VARIANTS=$variants timeout $(($(left) / n)) python3 tools/autotune_probe.py "$arch" \
+            "$RESULTS/templates/$arch.json" 1 128 >>"$LOG" 2>&1
+        echo "templates $arch ($variants): $?" >>"$LOG"
+        n=$((n - 1))
     done
 }
 
