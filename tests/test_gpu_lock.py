@@ -12,6 +12,16 @@ def _hold(path, seconds, ready):
         time.sleep(seconds)
 
 
+def _holder(path, seconds):
+    """Another process holding the lock for `seconds`, started and holding it already."""
+    ctx = multiprocessing.get_context("spawn")
+    ready = ctx.Event()
+    holder = ctx.Process(target=_hold, args=(path, seconds, ready))
+    holder.start()
+    assert ready.wait(60), "the holding process never took the lock"
+    return holder
+
+
 def test_lock_path_is_one_file_per_gpu_with_a_safe_name(tmp_path):
     a = lock_path("GPU-1234/abcd ef", tmp_path)
     assert a.parent == tmp_path and "/" not in a.name[len("trtmc-gpu-timing-"):] and " " not in a.name
@@ -21,12 +31,8 @@ def test_lock_path_is_one_file_per_gpu_with_a_safe_name(tmp_path):
 
 def test_a_second_process_waits_until_the_first_lets_go(tmp_path):
     path = lock_path("GPU-test", tmp_path)
-    ctx = multiprocessing.get_context("spawn")
-    ready = ctx.Event()
-    holder = ctx.Process(target=_hold, args=(path, 1.0, ready))
-    holder.start()
+    holder = _holder(path, 1.0)
     try:
-        assert ready.wait(60), "the holding process never took the lock"
         waits = []
         with timing_alone(path, waits.append) as wait:
             pass
@@ -38,11 +44,7 @@ def test_a_second_process_waits_until_the_first_lets_go(tmp_path):
 
 def test_the_lock_is_free_again_after_its_holder_dies(tmp_path):
     path = lock_path("GPU-test", tmp_path)
-    ctx = multiprocessing.get_context("spawn")
-    ready = ctx.Event()
-    holder = ctx.Process(target=_hold, args=(path, 600.0, ready))
-    holder.start()
-    assert ready.wait(60)
+    holder = _holder(path, 600.0)
     holder.kill()
     holder.join(60)
     started = time.perf_counter()
