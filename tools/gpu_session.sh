@@ -157,7 +157,7 @@ taps() {
 
 templates() {
     mkdir -p "$RESULTS/templates"
-    local arch variants n=3  # the models left: each gets an equal share of the time left when it starts
+    local pair arch variants n=3  # the models left: each gets an equal share of the time left when it starts
     for pair in vit_base_patch16_224:gemm_templates convnext_tiny:gemm_templates resnet50:max_autotune_templates; do
         arch=${pair%%:*} variants=expert,${pair#*:}
         VARIANTS=$variants timeout $(($(left) / n)) python3 tools/autotune_probe.py "$arch" \

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ..graph import Activation, Binary, DType, Graph, Node, OpKind
-from .torch_lowering import is_depthwise, _pad_if_asymmetric
+from .torch_lowering import _pad_if_asymmetric, is_depthwise
 
 # cuDNN's fused operation graphs take half-precision convolutions; fp32 ones would run in TF32 there.
 FUSED_DTYPES = (DType.F16, DType.BF16)

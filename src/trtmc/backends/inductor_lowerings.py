@@ -66,7 +66,7 @@ def lowering_candidates(graph: Graph, batch: int) -> dict[str, Lowering]:
 
 @dataclass(frozen=True)
 class LoweringChoice:
-    """What a build measured at one batch size: each candidate's median replay (ms) or its error."""
+    """What a build measured at one batch size: each candidate's quickest replay round (ms per replay) or its error."""
 
     chosen: str
     ms: Mapping[str, float]
@@ -77,7 +77,7 @@ class LoweringChoice:
 
 
 def choose_lowering(compiled: "CompiledCuda", graph: Graph, example: torch.Tensor, progress: Progress) -> LoweringChoice:
-    """Compile every candidate lowering at `batch`, replay each in a CUDA graph, time them interleaved, and
+    """Compile every candidate lowering at the example's batch size, replay each in a CUDA graph, time them interleaved, and
     keep the fastest (the plain one unless another is `MIN_GAIN` faster). A candidate that fails to compile
     or capture is recorded with its error; the plain one must work. The timing holds the GPU's timing lock
     (`gpu_lock`): builds running side by side compile together but time one at a time."""

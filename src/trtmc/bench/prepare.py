@@ -185,11 +185,10 @@ def prepare_entries(
                     progress("  where: " + " | ".join(exc.trace.strip().splitlines()[-5:-1]))
             if left[name]:
                 continue
-            if name in failures:
-                # Noted as prepared all the same: a failure is not retried by the next prepare phase (its timing
-                # builds it again, and reports what fails there).
-                _write_prepared_note(options, by_name[name], 0.0, error=failures[name])
-            else:
-                _write_prepared_note(options, by_name[name], seconds[name])
+            # A failed entry is noted as prepared all the same: a failure is not retried by the next prepare phase
+            # (its timing builds it again, and reports what fails there).
+            error = failures.get(name)
+            _write_prepared_note(options, by_name[name], 0.0 if error else seconds[name], error=error)
+            if not error:
                 progress(f"prepared {name} ({time.perf_counter() - started:.0f} s since the start)")
     return failures
