@@ -273,11 +273,23 @@ def test_the_host_speed_is_recorded_after_each_attempt_at_host_rows_only():
     # The host row spreads 20% on every attempt, so it gets every attempt; the host runs at half its best.
     jittery = [1.0] * 9 + [1.2]
     rows = {"engine": TimedCall(lambda: None, Scripted(1.0)),
-            "task": TimedCall(lambda: None, HostScripted(*([1.0] * 3 + jittery * timing.MAX_ATTEMPTS)))}
+            "task": TimedCall(lambda: None, HostScripted(*([1.0] * 3 + jittery * timing.MAX_HOST_ATTEMPTS)))}
     outcome = time_interleaved(rows, PROTOCOL, ScriptedHost(1.0, 2.0))
     task, engine = outcome.timings["task"], outcome.timings["engine"]
-    assert task.attempts == timing.MAX_ATTEMPTS and task.host_speed == pytest.approx([1.0] + [0.5] * (timing.MAX_ATTEMPTS - 1))
+    attempts = timing.MAX_HOST_ATTEMPTS
+    assert task.attempts == attempts and task.host_speed == pytest.approx([1.0] + [0.5] * (attempts - 1))
     assert engine.host_speed == ()  # a row timed on the GPU does not follow the host
+
+
+def test_a_row_timed_on_the_host_gets_fewer_attempts_than_one_timed_on_the_device():
+    jittery = [1.0] * 9 + [1.2]
+    device, hosted = Scripted(*([1.0] * 3 + jittery * 8)), HostScripted(*([1.0] * 3 + jittery * 8))
+    outcome = time_interleaved({"engine": TimedCall(lambda: None, device), "task": TimedCall(lambda: None, hosted)},
+                               PROTOCOL)
+    assert timing.MAX_HOST_ATTEMPTS < timing.MAX_ATTEMPTS
+    assert outcome.timings["task"].attempts == timing.MAX_HOST_ATTEMPTS and not outcome.timings["task"].stable
+    assert outcome.timings["engine"].attempts == timing.MAX_ATTEMPTS
+    assert len(hosted.calls) == 3 + timing.MAX_HOST_ATTEMPTS * 10 and len(device.calls) == 3 + timing.MAX_ATTEMPTS * 10
 
 
 def test_without_a_host_probe_nothing_is_recorded():

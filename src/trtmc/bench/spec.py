@@ -94,8 +94,8 @@ class TimingProtocol:
     A round is back-to-back calls lasting at least `round_ms` (the warm-ups calibrate how many calls
     that takes); its sample is the round's time divided by its calls. `margin` is both the stability
     bound (a row whose samples stray further than this fraction from their median is re-run, up to
-    `timing.MAX_ATTEMPTS` attempts in all, then marked unstable) and the equivalence margin (a speed ratio
-    within 1 +- margin counts as on par).
+    `timing.MAX_ATTEMPTS` attempts in all, `timing.MAX_HOST_ATTEMPTS` on the host clock, then marked unstable)
+    and the equivalence margin (a speed ratio within 1 +- margin counts as on par).
 
     Rows timed on the host clock (the task scope, whose Python and copies run on the host) follow the host's
     own speed, which on the lent GPU machine moves between ~0.45 and ~0.9 of its best from one 25 ms probe to

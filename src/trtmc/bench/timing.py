@@ -32,6 +32,11 @@ MAX_CALLS_PER_ROUND = 100_000
 # spell. Measured (run 11, 44 task rows of 22 entries): 5 stable at the first attempt, 15 within three, 29
 # within eight; an extra attempt re-runs only the unstable rows (~0.5 s each).
 MAX_ATTEMPTS = 8
+# Rows timed on the host get fewer: on the lent GPU machine the host runs at about half its best speed most of
+# the time (run 13), and run 14's task rows settled within 4 attempts in 13 of 58 cases and within 8 in 24, while
+# the other 34 spent all 8 (~1 s an attempt a row): attempts 5-8 cost ~5 s an entry, ~3 minutes of a full bench's
+# 30, to make 11 more rows stable. The bench must fit one session of device time, so a host row stops after 4.
+MAX_HOST_ATTEMPTS = 4
 
 
 class Clock(Protocol):
@@ -230,8 +235,8 @@ def _timed_loop(n: int) -> float:
 def time_interleaved(rows: Mapping[K, TimedCall], protocol: TimingProtocol, host: HostSpeed | None = None) -> Outcome:
     """Warm-up rounds (calibrating each row's calls per round), then `protocol.iters` measured rounds,
     every row once per round in the order given; rows whose samples spread beyond the margin get their
-    measured rounds again (interleaved among themselves), up to `MAX_ATTEMPTS` attempts in all, and keep
-    their last attempt.
+    measured rounds again (interleaved among themselves), up to `MAX_ATTEMPTS` attempts in all (`MAX_HOST_ATTEMPTS`
+    for a row timed on the host), and keep their last attempt.
 
     A round lasts at least `protocol.round_ms`, or `protocol.host_round_ms` for a row timed on the host
     (`Clock.on_host`). With `host`, the host's speed is probed after each attempt at such rows and recorded
@@ -287,8 +292,10 @@ def _rounds(rows: Mapping[K, TimedCall], protocol: TimingProtocol, host: HostSpe
         return {key: s for key, s in samples.items() if key not in errors}
 
     attempts = {key: [s] for key, s in attempt([k for k in rows if k not in errors]).items()}
+    limit = {key: MAX_HOST_ATTEMPTS if key in on_host else MAX_ATTEMPTS for key in rows}
     for _ in range(MAX_ATTEMPTS - 1):
-        unstable = [key for key, tried in attempts.items() if not within(tried[-1], protocol.margin)]
+        unstable = [key for key, tried in attempts.items()
+                    if not within(tried[-1], protocol.margin) and len(tried) < limit[key]]
         if not unstable:
             break
         for key, s in attempt(unstable).items():
@@ -365,8 +372,8 @@ def describe(protocol: TimingProtocol) -> str:
         f"each (the round's time divided by its calls); the median sample is the result. The rows of an entry "
         f"are interleaved round by round, so drift hits all of them alike; Python's garbage collector is paused "
         f"meanwhile. A row whose samples stray further "
-        f"than {protocol.margin:.0%} from their median is measured again, up to {MAX_ATTEMPTS - 1} more times, then "
-        f"shown as unstable instead of as a result. A speed ratio within 1 ± {protocol.margin:g} counts as on par. "
+        f"than {protocol.margin:.0%} from their median is measured again, up to {MAX_ATTEMPTS - 1} more times "
+        f"({MAX_HOST_ATTEMPTS - 1} on the host clock), then shown as unstable instead of as a result. A speed ratio within 1 ± {protocol.margin:g} counts as on par. "
         f"Rows timed on the host clock (the task scope) follow the host's own speed: their rounds last at least "
         f"{protocol.host_round_ms:g} ms, and the host's speed after each attempt (a pure-Python probe against its "
         f"quickest run of the last minute) is recorded with the row."
