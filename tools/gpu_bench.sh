@@ -26,6 +26,10 @@ OUT=${OUT:-/tmp/gpu-bench}
 WORK=${WORK:-/tmp/bw}
 LIMIT=${LIMIT:-570}
 RECORDS=${RECORDS:-bench-records/timed}
+# A dry run of this script's steps on a CPU machine (tiny entries, the reference engine), before a GPU session:
+#   DEVICE=cpu BENCH_ARGS="--config FILE --backend reference" OUT=/tmp/dry bash tools/gpu_bench.sh run
+DEVICE=${DEVICE:-cuda}
+read -r -a BENCH_ARGS <<<"${BENCH_ARGS:-}"
 mkdir -p "$OUT" "$WORK/timed"
 if [ -f "$RECORDS" ]; then  # an archive a call brought back (committed beside a bench cut short)
     tar -xzf "$RECORDS" -C "$WORK" --skip-old-files
@@ -33,19 +37,19 @@ elif [ -d "$RECORDS" ]; then
     cp -n "$RECORDS"/*.pickle "$WORK/timed/" 2>/dev/null
 fi
 python3 -c "from trtmc.bench.runner import source_digest; print('trtmc source', source_digest())" >>"$OUT/bench.log"
-names=$(python3 -m trtmc bench --list | awk '{print $1}')
+names=$(python3 -m trtmc bench "${BENCH_ARGS[@]}" --list | awk '{print $1}')
 JOBS=${JOBS:-14}
 
 prepare() {  # LIMIT [--only NAME ...]: the CPU-bound part of the entries not prepared yet, JOBS at a time
     local limit=$1; shift
-    timeout "$limit" python3 -m trtmc bench --random-weights --baseline expert "$@" --prepare-only --reuse-prepared \
+    timeout "$limit" python3 -m trtmc bench "${BENCH_ARGS[@]}" --device "$DEVICE" --random-weights --baseline expert "$@" --prepare-only --reuse-prepared \
         --prepare-jobs "$JOBS" --workdir "$WORK" --out "$OUT/prepared" >>"$OUT/bench.log" 2>&1
     echo "prepare exit status $?" >>"$OUT/bench.log"
 }
 
 timed() {  # LIMIT [--only NAME ...]: time with the prepared bundles; entries timed by this code come from their records
     local limit=$1; shift
-    timeout "$limit" python3 -m trtmc bench --random-weights --baseline expert "$@" --reuse-prepared --resume \
+    timeout "$limit" python3 -m trtmc bench "${BENCH_ARGS[@]}" --device "$DEVICE" --random-weights --baseline expert "$@" --reuse-prepared --resume \
         --workdir "$WORK" --out "$OUT/bench" >>"$OUT/bench.log" 2>&1
     echo "time exit status $?" >>"$OUT/bench.log"
 }
@@ -59,12 +63,12 @@ prepared() {  # NAME...: those whose prepare phase has finished
 }
 
 stale() {  # NAME...: those with no record of this code's timing on this machine (the log says what differs)
-    python3 - "$WORK" "$@" 2>>"$OUT/bench.log" <<'PY'
+    python3 - "$WORK" "$DEVICE" "$@" 2>>"$OUT/bench.log" <<'PY'
 import pickle, sys
 from pathlib import Path
 from trtmc.bench.runner import environment
-work, names = Path(sys.argv[1]), sys.argv[2:]
-here = environment("cuda")
+work, device, names = Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
+here = environment(device)
 for name in names:
     record = work / "timed" / f"{name}.pickle"
     if not record.is_file():
