@@ -34,7 +34,7 @@ import torch
 from ..graph import Graph
 from . import Batching, BuiltEngine, Engine, EngineEntry, EngineSpec, LoadOptions, Progress
 from .engine_io import EngineBase, PixelSpec, device_missing_reason
-from .inductor_lowerings import LOWERINGS, captured, choose_lowering, compile_cuda
+from .inductor_lowerings import INDUCTOR_OPTIONS, LOWERINGS, captured, choose_lowering, compile_cuda, inductor_options
 from .torch_lowering import channels_last_weights, to_fx
 
 log = logging.getLogger(__name__)
@@ -150,7 +150,8 @@ def _build_cuda(graph: Graph, spec: EngineSpec, progress: Progress) -> tuple[dic
     if reason:
         raise RuntimeError(reason)
     _forget_earlier_compiles()
-    compiled = compile_cuda(graph)
+    props = torch.cuda.get_device_properties(0)
+    compiled = compile_cuda(graph, options=inductor_options((props.major, props.minor)))
     choices: dict[str, dict[str, Any]] = {}
     for batch in compiled_batch_sizes(spec.max_batch):
         choice = choose_lowering(compiled, graph, _example(graph, batch, "cuda"), progress)
@@ -161,11 +162,11 @@ def _build_cuda(graph: Graph, spec: EngineSpec, progress: Progress) -> tuple[dic
     if artifacts is None:
         raise RuntimeError("Inductor produced no cache artifacts to store in the bundle")
     data, _info = artifacts
-    props = torch.cuda.get_device_properties(0)
     return {CUDA_CACHE: bytes(data)}, {
         "device_name": props.name,
         "compute_capability": f"{props.major}.{props.minor}",
         LOWERINGS: choices,
+        INDUCTOR_OPTIONS: compiled.options,
     }
 
 

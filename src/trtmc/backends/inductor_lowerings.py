@@ -26,10 +26,39 @@ log = logging.getLogger(__name__)
 
 
 LOWERINGS = "lowerings"  # the engine record's key: per batch size, the lowering chosen at build and why
+INDUCTOR_OPTIONS = "inductor_options"  # the engine record's key: the Inductor options the build compiled with
 PLAIN, FUSED = "plain", "cudnn-fused"
 # A candidate replaces the plain lowering only when its quickest replay is at least this much faster: two
 # compiles of the same graph time within ~1% of each other (benchmarks/NOTES.md, run 6).
 MIN_GAIN = 0.01
+
+
+# Inductor's programmatic dependent launch (`triton.enable_pdl`, Hopper and later): each Triton kernel is launched
+# before the one it follows has finished and waits in-kernel for its inputs, which a batch-1 engine of ~60-150
+# kernels of 2-5 us could use. Off until measured on the GPU (tools/autotune_probe.py's `pdl` variant;
+# benchmarks/NOTES.md, ninth session).
+LAUNCH_DEPENDENTS_EARLY = False
+PDL = "triton.enable_pdl"
+
+
+def inductor_options(capability: tuple[int, int]) -> dict[str, Any]:
+    """The Inductor options a CUDA build compiles with on a GPU of this compute capability (recorded in the engine
+    record under `INDUCTOR_OPTIONS`, so loading compiles as the build did and hits the bundle's caches)."""
+    if LAUNCH_DEPENDENTS_EARLY and capability >= (9, 0) and known_options({PDL: True}):
+        return {PDL: True}
+    return {}
+
+
+def known_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The options this torch's Inductor has; each one it lacks is dropped with a warning (a bundle built by
+    another torch then compiles without it: slower to load, same answers)."""
+    import torch._inductor.config
+
+    known = torch._inductor.config.get_config_copy()
+    dropped = sorted(set(options) - set(known))
+    if dropped:
+        log.warning("this torch's Inductor has no option %s; compiling without it", ", ".join(dropped))
+    return {key: value for key, value in options.items() if key in known}
 
 
 @dataclass(frozen=True)
@@ -156,9 +185,11 @@ class CompiledCuda:
     first call. fp8/int8 graphs run their quantized 1x1 convolutions and linear ops as FP8 / INT8 GEMMs (the
     quantize ops feeding them fuse into their producers' kernels), not fp16 ops on dequantized values."""
 
-    def __init__(self, graph: Graph, chosen: Mapping[int, str] | None = None) -> None:
+    def __init__(self, graph: Graph, chosen: Mapping[int, str] | None = None,
+                 options: Mapping[str, Any] | None = None) -> None:
         self._graph = graph
         self._chosen = dict(chosen or {})
+        self.options = known_options(options or {})
         self._by_lowering: dict[Lowering, torch.nn.Module] = {}
         self._by_batch: dict[int, torch.nn.Module] = {}
 
@@ -169,7 +200,8 @@ class CompiledCuda:
 
     def module_for(self, lowering: Lowering, device: torch.device) -> torch.nn.Module:
         if lowering not in self._by_lowering:
-            self._by_lowering[lowering] = torch.compile(lowering.module(self._graph, device), dynamic=False)
+            self._by_lowering[lowering] = torch.compile(lowering.module(self._graph, device), dynamic=False,
+                                                        options=self.options or None)
         return self._by_lowering[lowering]
 
     def __call__(self, pixels: torch.Tensor) -> torch.Tensor:
@@ -197,8 +229,10 @@ class CompiledCuda:
         return out
 
 
-def compile_cuda(graph: Graph, record: Mapping[str, Any] | None = None) -> CompiledCuda:
+def compile_cuda(graph: Graph, record: Mapping[str, Any] | None = None,
+                 options: Mapping[str, Any] | None = None) -> CompiledCuda:
     """The compiled graph, with the lowering each batch size was built with (`LOWERINGS` in the engine's record;
-    bundles from before that record run the plain lowering)."""
+    bundles from before that record run the plain lowering) and the Inductor options it was compiled with
+    (`INDUCTOR_OPTIONS` in the record; a build passes `options`, from `inductor_options`)."""
     chosen = {int(batch): c["chosen"] for batch, c in (record or {}).get(LOWERINGS, {}).items()}
-    return CompiledCuda(graph, chosen)
+    return CompiledCuda(graph, chosen, (record or {}).get(INDUCTOR_OPTIONS, options))
