@@ -21,8 +21,9 @@
 #                templates for resnet50, each against the expert at batch 1 and 128, one model at a time (an equal
 #                share of the time left each); results in templates/ARCH.json after every batch size
 #   pdl          tools/autotune_probe.py's `pdl` variant (Inductor's programmatic dependent launch, never yet run on
-#                the GPU) against the expert for ghostnet_100, efficientnet_b0 and resnet50 at batch 1 and 128, an
-#                equal share of the time left each; results in pdl/ARCH.json
+#                the GPU) against the expert for ghostnet_100 and efficientnet_b0 at batch 1 (where they are
+#                launch-bound; ~70 s a model from cold caches), an equal share of the time left each; `pdl128` the same
+#                at batch 128; results in pdl/ARCH.json
 #   probe        tools/pipeline_probe.py on the 2,002 photos: decoding alone and the whole pipeline, profiled
 #   folderbench  the folder scope of `trtmc bench` (2,002 and 20,000 files, trtmc against timm + DataLoader +
 #                torch.compile) and Ray Data over the 2,002 files (tools/folder_bench.py), with Ray from
@@ -158,27 +159,31 @@ taps() {
     done
 }
 
-inductor_options() {  # FOLDER ARCH:VARIANT...: tools/autotune_probe.py per model, each an equal share of the time left
-    local folder=$1 pair arch variants n
-    shift
+inductor_options() {  # FOLDER "BATCH..." ARCH:VARIANT...: tools/autotune_probe.py per model, each an equal share of
+    local folder=$1 batches=$2 pair arch variants n  # the time left
+    shift 2
     mkdir -p "$RESULTS/$folder"
     n=$#  # the models left: each gets an equal share of the time left when it starts
     for pair in "$@"; do
         arch=${pair%%:*} variants=expert,${pair#*:}
         VARIANTS=$variants timeout $(($(left) / n)) python3 tools/autotune_probe.py "$arch" \
-            "$RESULTS/$folder/$arch.json" 1 128 >>"$LOG" 2>&1
+            "$RESULTS/$folder/$arch.json" $batches >>"$LOG" 2>&1
         echo "$folder $arch ($variants): $?" >>"$LOG"
         n=$((n - 1))
     done
 }
 
 templates() {
-    inductor_options templates vit_base_patch16_224:gemm_templates convnext_tiny:gemm_templates \
+    inductor_options templates "1 128" vit_base_patch16_224:gemm_templates convnext_tiny:gemm_templates \
         resnet50:max_autotune_templates
 }
 
 pdl() {
-    inductor_options pdl ghostnet_100:pdl efficientnet_b0:pdl resnet50:pdl
+    inductor_options pdl 1 ghostnet_100:pdl efficientnet_b0:pdl
+}
+
+pdl128() {
+    inductor_options pdl128 128 ghostnet_100:pdl efficientnet_b0:pdl
 }
 
 probe() {
