@@ -109,6 +109,12 @@ class PrepareFailed(Exception):
         return self.error
 
 
+# Inductor's compile workers per prepare process, at least. While all processes run, more workers than CPUs only
+# share them; at the end, when a few long builds are left (run 14: mixnet_s's batch-1 compile alone for its last
+# ~100 s, with 2 workers), each of those compiles its Triton kernels on more CPUs. ~0.4 GB a worker.
+COMPILE_WORKERS = 4
+
+
 def child_threads(jobs: int) -> int:
     """Threads for each of `jobs` prepare processes sharing this machine's CPUs."""
     return max(1, usable_cpus() // jobs)
@@ -125,7 +131,7 @@ def _prepare_in_child(entry: Entry, options: BenchOptions, quiet: bool, threads:
 
         torch.set_num_threads(threads)
         if "TORCHINDUCTOR_COMPILE_THREADS" not in os.environ:
-            inductor_config.compile_threads = max(2, threads)
+            inductor_config.compile_threads = max(COMPILE_WORKERS, threads)
     say = Progress(quiet)
     try:
         return prepare_entry(entry, options, lambda message: say(f"[prepare {entry.name}] {message}"), (part,))
