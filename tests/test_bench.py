@@ -837,15 +837,16 @@ def test_a_prepare_process_takes_its_share_of_the_cpus_and_at_least_the_compile_
     import torch._inductor.config as inductor_config
 
     monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS", raising=False)
-    monkeypatch.setattr(inductor_config, "compile_threads", inductor_config.compile_threads)  # put back after
     threads = []
     monkeypatch.setattr(torch, "set_num_threads", threads.append)
     monkeypatch.setattr(prepare_phase, "prepare_entry", lambda *args, **kwargs: 1.5)
     entry, opts = tiny_entry(tmp_path), options(tmp_path)
-    assert prepare_phase._prepare_in_child(entry, opts, True, 1, prepare_phase.BUILD) == 1.5
-    assert threads == [1] and inductor_config.compile_threads == prepare_phase.COMPILE_WORKERS > 1
-    prepare_phase._prepare_in_child(entry, opts, True, 12, prepare_phase.BUILD)
-    assert threads == [1, 12] and inductor_config.compile_threads == 12
+    # Inductor's config module is not monkeypatch's to restore (its undo deletes the option): its own patch is.
+    with inductor_config.patch(compile_threads=inductor_config.compile_threads):
+        assert prepare_phase._prepare_in_child(entry, opts, True, 1, prepare_phase.BUILD) == 1.5
+        assert threads == [1] and inductor_config.compile_threads == prepare_phase.COMPILE_WORKERS > 1
+        prepare_phase._prepare_in_child(entry, opts, True, 12, prepare_phase.BUILD)
+        assert threads == [1, 12] and inductor_config.compile_threads == 12
 
 
 def test_an_entrys_build_and_baselines_are_prepared_apart_and_noted_once_both_are_done(monkeypatch, tmp_path):

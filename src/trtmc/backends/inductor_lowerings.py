@@ -52,6 +52,8 @@ def inductor_options(capability: tuple[int, int]) -> dict[str, Any]:
 def known_options(options: Mapping[str, Any]) -> dict[str, Any]:
     """The options this torch's Inductor has; each one it lacks is dropped with a warning (a bundle built by
     another torch then compiles without it: slower to load, same answers)."""
+    if not options:
+        return {}
     import torch._inductor.config
 
     known = torch._inductor.config.get_config_copy()
