@@ -4,14 +4,17 @@ For ghostnet_100, resnet50, efficientnet_b0, convnext_tiny and vit_base_patch16_
 at batch 1 and 128 (median ms, '(unstable)' where a row never settled), the ratio expert / trtmc, and which target
 each meets (>= 1.3x at batch 1, >= 1.2x at batch 128; ghostnet_100 also <= 0.30 ms and <= 2.2 ms). Then, over
 every entry: rows stable by kind, entries slower than the expert beyond the margin, wrong answers. Several
-results.json files (the calls of a bench cut short) merge by entry, the later file winning. Prints Markdown.
+results.json files (the calls of a bench cut short) merge by entry, the later file winning. Given bench logs
+(`--log`), also each build's time of the lowering it kept against the bench's time of that engine (the eighth
+session's prediction: within ~1.3x). Prints Markdown.
 
-    python tools/issue12_table.py benchmarks/results/RUN/results.json [MORE.json ...]
+    python tools/issue12_table.py benchmarks/results/RUN/results.json [MORE.json ...] [--log bench.log ...]
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections import Counter
 
@@ -47,10 +50,29 @@ def target_line(name: str, batch: int, trtmc: float | None, expert: float | None
     return "; ".join(met)
 
 
+CHOICE = re.compile(r"\[prepare (\S+)\] build: batch (\d+): (.*); kept (\S+)")
+
+
+def build_choices(logs: list[str]) -> dict[tuple[str, int], tuple[str, float]]:
+    """(entry, batch) -> (the lowering a build kept, its time at build in ms), from the prepare's progress lines."""
+    choices = {}
+    for path in logs:
+        for line in open(path):
+            found = CHOICE.search(line)
+            if found:
+                name, batch, times, kept = found.groups()
+                ms = dict((k, float(v)) for k, v in re.findall(r"(\S+) ([\d.]+) ms", times))
+                choices[(name, int(batch))] = (kept, ms[kept])
+    return choices
+
+
 def main() -> None:
+    args = sys.argv[1:]
+    logs = [args[i + 1] for i, a in enumerate(args) if a == "--log"]
+    results = [a for i, a in enumerate(args) if a != "--log" and (i == 0 or args[i - 1] != "--log")]
     entries: dict[str, dict] = {}
     margin = 0.05
-    for path in sys.argv[1:]:
+    for path in results:
         data = json.load(open(path))
         for entry in data["entries"]:
             entries[entry["name"]] = entry
@@ -86,6 +108,17 @@ def main() -> None:
         for kind in sorted({k for k, _ in stable})))
     print(f"slower than the expert beyond {margin:.0%}: {', '.join(slower) or 'none'}")
     print(f"wrong answers: {', '.join(wrong) or 'none'}")
+    choices = build_choices(logs)
+    if choices:
+        print("\n| entry | batch | kept at build | build ms | bench ms | bench / build |\n|---|---|---|---|---|---|")
+        ratios = []
+        for (name, batch), (kept, built) in sorted(choices.items()):
+            bench = median(rows_by_key(entries[name]).get(("trtmc", "engine", batch))) if name in entries else None
+            if bench is not None:
+                ratios.append(max(bench / built, built / bench))
+            print(f"| {name} | {batch} | {kept} | {built:.3f} | {'-' if bench is None else f'{bench:.3f}'} | "
+                  f"{'-' if bench is None else f'{bench / built:.2f}'} |")
+        print(f"\n{sum(r <= 1.3 for r in ratios)} of {len(ratios)} build times within 1.3x of the bench's")
 
 
 if __name__ == "__main__":
