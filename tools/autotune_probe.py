@@ -12,8 +12,9 @@ bench's `expert` baseline does: torch.compile's default mode (the expert), and o
   before the one it follows has finished and waits in-kernel for its inputs), for the launch-bound batch 1 of
   ghostnet_100, efficientnet_b0 and resnet50 (~60-150 kernels of 2-5 us each).
 VARIANTS (comma-separated, default all) picks them. Per batch size: each variant's compile seconds, all timed
-interleaved (tools/miss_profile.py's rounds), the kernels of one call by kind, and each variant's largest
-difference from the expert's logits on the same input (a variant that races or rounds differently shows there).
+interleaved (tools/miss_profile.py's rounds), the kernels of one call by kind, each variant's largest difference
+from the expert's logits on the same input (a variant that rounds differently shows there), and its largest
+difference between 20 replays and its first (deterministic kernels give the same bits every time: a race shows).
 A variant that fails to compile is recorded with its error. Writes OUT.json after every batch size.
 
     PYTHONPATH=src [VARIANTS=expert,pdl] python tools/autotune_probe.py ARCH OUT.json [BATCH ...]
@@ -85,9 +86,14 @@ def main() -> None:
                 print(f"{arch} b{batch} {name}: compiled and captured in {compile_s[name]} s", flush=True)
             times = timed(rows)
             scale = logits["expert"].abs().max().item()
+
+            def replay_drift(fn, first) -> float:
+                return max((fn() - first).abs().max().item() for _ in range(20)) / scale
+
             result["batches"][batch] = {
                 **{n: {**times[n], "compile_s": compile_s[n], **kernels(fn),
-                       "max_diff_vs_expert": round((logits[n] - logits["expert"]).abs().max().item() / scale, 6)}
+                       "max_diff_vs_expert": round((logits[n] - logits["expert"]).abs().max().item() / scale, 6),
+                       "replay_drift": round(replay_drift(fn, logits[n]), 6)}
                    for n, fn in rows.items()},
                 **{n: {"error": e} for n, e in errors.items()},
             }
