@@ -1,7 +1,7 @@
 """The Inductor options of the compiled CUDA engine: chosen at build for the GPU it runs on, recorded with the engine,
 and taken from that record when the engine loads (so a fresh process compiles as the build did, from the bundle's
-caches). Programmatic dependent launch itself runs on Hopper GPUs only: whether it is faster is the GPU's to say
-(tools/autotune_probe.py's `pdl` variant, benchmarks/NOTES.md)."""
+caches), and how a load says whether those caches answered. Programmatic dependent launch itself runs on Hopper
+GPUs only: whether it is faster is the GPU's to say (tools/autotune_probe.py's `pdl` variant, benchmarks/NOTES.md)."""
 
 import logging
 
@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from trtmc.backends import inductor_lowerings
+from trtmc.backends.inductor import describe_cache_use, graph_cache_counts
 from trtmc.backends.inductor_lowerings import INDUCTOR_OPTIONS, PDL, compile_cuda, inductor_options, known_options
 from trtmc.backends.torch_lowering import GraphModule
 from trtmc.graph import Activation
@@ -62,3 +63,13 @@ def test_a_graph_compiled_with_programmatic_launch_answers_as_the_reference():
     x = torch.rand((1, 3, 8, 8), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), GraphModule(graph)(x))
+
+
+def test_a_compile_is_counted_as_a_hit_or_a_miss_of_inductors_graph_cache():
+    before = graph_cache_counts()
+    assert describe_cache_use(before) == ""  # nothing compiled since
+    with torch.no_grad():
+        torch.compile(lambda x: torch.nn.functional.gelu(x) * 3, dynamic=False)(torch.rand(5))
+    hits, misses = (now - then for now, then in zip(graph_cache_counts(), before))
+    assert hits + misses == 1
+    assert describe_cache_use(before) == f" (Inductor's graph cache: {hits} hits, {misses} misses)"

@@ -197,6 +197,21 @@ def compiling_in_process():
     return torch._inductor.config.patch(compile_threads=1)
 
 
+def graph_cache_counts() -> tuple[int, int]:
+    """(hits, misses) of Inductor's FX graph cache in this process so far. A compile that misses runs Inductor again
+    (its kernels may still come from Triton's cache): a load that misses is slow, and says the bundle's or the disk's
+    caches did not answer."""
+    from torch._dynamo.utils import counters
+
+    return counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"]
+
+
+def describe_cache_use(before: tuple[int, int]) -> str:
+    """' (Inductor's graph cache: H hits, M misses)' since `before` (a `graph_cache_counts()`), or '' if none."""
+    hits, misses = (now - then for now, then in zip(graph_cache_counts(), before))
+    return f" (Inductor's graph cache: {hits} hits, {misses} misses)" if hits or misses else ""
+
+
 def unavailable_reason(entry: EngineEntry) -> str | None:
     missing = device_missing_reason(entry.device)
     if missing:

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from .. import __version__
-from ..backends.inductor import compiling_in_process
+from ..backends.inductor import compiling_in_process, describe_cache_use, graph_cache_counts
 from ..preprocess import PreprocessSpec
 from ..random_weights import load_timm_model, timm_pixels
 from . import oracle
@@ -135,12 +135,12 @@ def build_target(entry: Entry, source: ModelSource, options: BenchOptions, progr
     from ..runtime import Runtime
 
     path, build_seconds = build_bundle_for(entry, source, options, progress)
-    started = time.perf_counter()
+    started, cache = time.perf_counter(), graph_cache_counts()
     runtime = Runtime.open(path, engine=options.backend)
     runtime.engine.warm_up()  # compile from the bundle's caches and capture one CUDA graph per size
     synchronize(runtime.device)
     load_seconds = time.perf_counter() - started
-    progress(f"loaded {runtime.choice.key} in {load_seconds:.1f} s")
+    progress(f"loaded {runtime.choice.key} in {load_seconds:.1f} s{describe_cache_use(cache)}")
     return Target.from_runtime(
         runtime, build_seconds=build_seconds, load_seconds=load_seconds, bundle_bytes=path.stat().st_size, bundle=path
     )
@@ -305,6 +305,7 @@ def time_and_judge(
     rows: dict[tuple, Row] = {}
     first_calls: dict[tuple, float] = {}
     ready = []
+    started, cache = time.perf_counter(), graph_cache_counts()
     for c in plan:
         if isinstance(c, Row):
             progress(f"{c.label} {c.scope}, batch {c.batch}: {_describe(c)}")
@@ -316,7 +317,8 @@ def time_and_judge(
             log.debug("%s %s batch %d failed", c.label, c.scope, c.batch, exc_info=True)
             rows[c.key] = c.failed(f"{type(exc).__name__}: {exc}")
             progress(f"{c.label} {c.scope}, batch {c.batch}: {_describe(rows[c.key])}")
-    progress(f"timing {len(ready)} rows interleaved, round by round")
+    progress(f"first calls of {len(ready)} rows in {time.perf_counter() - started:.1f} s{describe_cache_use(cache)}; "
+             "timing them interleaved, round by round")
     meter = HostMeter().start()
     outcome = time_interleaved({c.key: TimedCall(c.call, c.clock) for c in ready}, entry.protocol, host)
     host = meter.stop()
