@@ -40,11 +40,22 @@ python3 -c "from trtmc.bench.runner import source_digest; print('trtmc source', 
 names=$(python3 -m trtmc bench "${BENCH_ARGS[@]}" --list | awk '{print $1}')
 JOBS=${JOBS:-14}
 
+lowest_memory() {  # every 5 s until killed: the least memory available so far (MiB), in $WORK/lowest-memory
+    local lowest=999999999 now
+    while sleep 5; do
+        now=$(awk '/^MemAvailable/ {print int($2 / 1024)}' /proc/meminfo)
+        [ "$now" -lt "$lowest" ] && lowest=$now && echo "$lowest" >"$WORK/lowest-memory"
+    done
+}
+
 prepare() {  # LIMIT [--only NAME ...]: the CPU-bound part of the entries not prepared yet, JOBS at a time
-    local limit=$1; shift
+    local limit=$1 sampler; shift
+    lowest_memory & sampler=$!  # JOBS processes, each with its compile workers: how close to the machine's memory
     timeout "$limit" python3 -m trtmc bench "${BENCH_ARGS[@]}" --device "$DEVICE" --random-weights --baseline expert "$@" --prepare-only --reuse-prepared \
         --prepare-jobs "$JOBS" --workdir "$WORK" --out "$OUT/prepared" >>"$OUT/bench.log" 2>&1
-    echo "prepare exit status $?" >>"$OUT/bench.log"
+    echo "prepare exit status $?; least memory available while preparing: $(cat "$WORK/lowest-memory" 2>/dev/null) MiB" \
+        >>"$OUT/bench.log"
+    kill "$sampler" 2>/dev/null
 }
 
 timed() {  # LIMIT [--only NAME ...]: time with the prepared bundles; entries timed by this code come from their records
