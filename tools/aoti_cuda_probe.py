@@ -122,24 +122,22 @@ def load(bundle_path: str, out: Path, batches: list[int]) -> dict:
 
 
 def _capture(model, x) -> dict:
-    """Warm up on a side stream, capture one call, time replays against plain calls."""
+    """Capture one call in a CUDA graph as the CUDA engine does (`inductor_lowerings.captured`: warm-ups on a side
+    stream, then the capture), time replays against plain calls."""
     import torch
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.no_grad(), torch.cuda.stream(stream):
-        for _ in range(3):
-            model(x)
-    torch.cuda.current_stream().wait_stream(stream)
-    result: dict = {"plain_call_ms": _time_ms(lambda: model(x))}
-    cuda_graph = torch.cuda.CUDAGraph()
+    from trtmc.backends.inductor_lowerings import captured
+
+    result: dict = {}
     try:
-        with torch.no_grad(), torch.cuda.graph(cuda_graph):
-            model(x)
+        cuda_graph, _ = captured(model, x)
     except Exception as exc:
         result["capture_error"] = f"{type(exc).__name__}: {exc}"[:500]
-        return result
-    result["replay_ms"] = _time_ms(cuda_graph.replay)
+        cuda_graph = None
+    with torch.no_grad():
+        result["plain_call_ms"] = _time_ms(lambda: model(x))
+    if cuda_graph is not None:
+        result["replay_ms"] = _time_ms(cuda_graph.replay)
     return result
 
 

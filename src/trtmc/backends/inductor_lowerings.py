@@ -42,11 +42,10 @@ PDL = "triton.enable_pdl"
 
 
 def inductor_options(capability: tuple[int, int]) -> dict[str, Any]:
-    """The Inductor options a CUDA build compiles with on a GPU of this compute capability (recorded in the engine
-    record under `INDUCTOR_OPTIONS`, so loading compiles as the build did and hits the bundle's caches)."""
-    if LAUNCH_DEPENDENTS_EARLY and capability >= (9, 0) and known_options({PDL: True}):
-        return {PDL: True}
-    return {}
+    """The Inductor options a CUDA build asks for on a GPU of this compute capability (`CompiledCuda` keeps those
+    this torch has; the engine record holds them under `INDUCTOR_OPTIONS`, so loading compiles as the build did and
+    hits the bundle's caches)."""
+    return {PDL: True} if LAUNCH_DEPENDENTS_EARLY and capability >= (9, 0) else {}
 
 
 def known_options(options: Mapping[str, Any]) -> dict[str, Any]:
