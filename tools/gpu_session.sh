@@ -24,6 +24,12 @@
 #                the GPU) against the expert for ghostnet_100 and efficientnet_b0 at batch 1 (where they are
 #                launch-bound; ~70 s a model from cold caches), an equal share of the time left each; `pdl128` the same
 #                at batch 128; results in pdl/ARCH.json
+#   tapscap      tools/depthwise_taps_probe.py on mixnet_s at batch 1: the engine's taps, the same less the kernels
+#                larger than 5x5, and no taps (run 15: the engine's batch-1 compile took 266 s of a 322 s build, over
+#                issue 12's 2 minutes); results in tapscap/mixnet_s.json
+#   cachekey     tools/cache_key_probe.py on vit_base_patch16_224 (built as a bench prepare builds it, then loaded in a
+#                fresh process; its load missed the bundle's caches in every run): the FX graph cache keys of both
+#                processes and what differs, in cachekey/
 #   probe        tools/pipeline_probe.py on the 2,002 photos: decoding alone and the whole pipeline, profiled
 #   folderbench  the folder scope of `trtmc bench` (2,002 and 20,000 files, trtmc against timm + DataLoader +
 #                torch.compile) and Ray Data over the 2,002 files (tools/folder_bench.py), with Ray from
@@ -184,6 +190,18 @@ pdl() {
 
 pdl128() {
     inductor_options pdl128 128 ghostnet_100:pdl efficientnet_b0:pdl
+}
+
+tapscap() {  # mixnet_s at batch 1: its 7x7 and 9x9 depthwise convolutions as taps or on cuDNN (compile time, speed)
+    timeout "$(left)" python3 tools/depthwise_taps_probe.py "$RESULTS/tapscap" mixnet_s --batch 1 --variant "the engine" \
+        --variant "the engine, taps up to 5x5" --variant "cudnn depthwise" >>"$LOG" 2>&1
+    echo "tapscap mixnet_s: $?" >>"$LOG"
+}
+
+cachekey() {  # vit_base_patch16_224 built as a bench prepare builds it, then loaded in a fresh process: which keys miss
+    timeout "$(left)" python3 tools/cache_key_probe.py "$RESULTS/cachekey" vit_base_patch16_224 >>"$LOG" 2>&1
+    echo "cachekey vit_base_patch16_224: $?" >>"$LOG"
+    rm -f "$RESULTS"/cachekey/*.bundle; rm -rf "$RESULTS/cachekey/work"  # 350 MB and the random checkpoint
 }
 
 probe() {
