@@ -8,9 +8,10 @@ tenth session), so the difference is on the GPU.
 Builds ARCH (random weights, fp16) as a bench prepare process does (one torch thread, 4 compile workers) in one
 process, then opens the bundle and warms its engine up in a second process with Inductor and Triton disk caches of
 its own (a user's fresh process: only the bundle's caches answer). In both, every FX graph cache key Inductor
-computes is written with the details it hashed (OUT_DIR/build-keys.json, load-keys.json) beside Inductor's cache
-counters. Prints each key the load computed that the build did not, with the hashed details that differ from the
-build's key of the same graph (same position in compile order); OUT_DIR/diff.txt holds the same.
+computes, and every AOTAutograd cache key (of Dynamo's graph, looked up first), is written with the details it
+hashed (OUT_DIR/build-keys.json, load-keys.json) beside Inductor's and AOTAutograd's cache counters. Prints each key
+the load computed that the build did not, with the hashed details that differ from the build's key of the same
+graph (same kind, same position in compile order); OUT_DIR/diff.txt holds the same.
 """
 
 from __future__ import annotations
@@ -26,22 +27,29 @@ from pathlib import Path
 
 
 def record_keys(path: Path) -> None:
-    """From now on, every FX graph cache key this process computes goes to `path` (with its hashed details and,
-    at exit, Inductor's and AOTAutograd's cache counters)."""
+    """From now on, every cache key this process computes, AOTAutograd's (of Dynamo's graph) and Inductor's FX graph
+    cache's (of the graph after AOTAutograd), goes to `path` with the details it hashed, and at exit Inductor's and
+    AOTAutograd's cache counters."""
     import atexit
 
+    import torch._functorch._aot_autograd.autograd_cache as autograd_cache
     import torch._inductor.codecache as codecache
     from torch._dynamo.utils import counters
 
     keys: list[dict] = []
-    original = codecache.compiled_fx_graph_hash
 
-    def spy(*args, **kwargs):
-        key, lines = original(*args, **kwargs)
-        keys.append({"key": key, "details": lines})
-        return key, lines
+    def spy(module, name: str, kind: str) -> None:
+        original = getattr(module, name)
 
-    codecache.compiled_fx_graph_hash = spy
+        def computing(*args, **kwargs):
+            key, lines = original(*args, **kwargs)
+            keys.append({"kind": kind, "key": key, "details": lines})
+            return key, lines
+
+        setattr(module, name, computing)
+
+    spy(autograd_cache, "autograd_cache_key", "aot_autograd")
+    spy(codecache, "compiled_fx_graph_hash", "fx_graph")
 
     def write() -> None:
         path.write_text(json.dumps({"keys": keys, "inductor": dict(counters["inductor"]),
@@ -86,16 +94,18 @@ def differences(out: Path) -> list[str]:
     loaded = json.loads((out / "load-keys.json").read_text())
     lines = [f"build counters: {built['inductor']} {built['aot_autograd']}",
              f"load counters: {loaded['inductor']} {loaded['aot_autograd']}"]
-    built_keys = {k["key"] for k in built["keys"]}
-    for i, entry in enumerate(loaded["keys"]):
-        if entry["key"] in built_keys:
-            lines.append(f"load key {i} {entry['key']}: the build computed it too")
-            continue
-        lines.append(f"load key {i} {entry['key']}: not computed by the build")
-        if i < len(built["keys"]):
-            theirs, ours = set(built["keys"][i]["details"]), set(entry["details"])
-            lines += [f"  build only: {line[:400]}" for line in sorted(theirs - ours)]
-            lines += [f"  load only:  {line[:400]}" for line in sorted(ours - theirs)]
+    for kind in ("aot_autograd", "fx_graph"):
+        theirs = [k for k in built["keys"] if k["kind"] == kind]
+        ours = [k for k in loaded["keys"] if k["kind"] == kind]
+        for i, entry in enumerate(ours):
+            if entry["key"] in {k["key"] for k in theirs}:
+                lines.append(f"load's {kind} key {i} {entry['key']}: the build computed it too")
+                continue
+            lines.append(f"load's {kind} key {i} {entry['key']}: not computed by the build")
+            if i < len(theirs):  # the same graph in compile order (batch 1, then the larger sizes)
+                build_only, load_only = set(theirs[i]["details"]), set(entry["details"])
+                lines += [f"  build only: {line[:400]}" for line in sorted(build_only - load_only)]
+                lines += [f"  load only:  {line[:400]}" for line in sorted(load_only - build_only)]
     return lines
 
 
