@@ -25,7 +25,6 @@ import tempfile
 from pathlib import Path
 
 
-
 def record_keys(path: Path) -> None:
     """From now on, every cache key this process computes, AOTAutograd's (of Dynamo's graph) and Inductor's FX graph
     cache's (of the graph after AOTAutograd), goes to `path` with the details it hashed, and at exit Inductor's and
@@ -97,8 +96,9 @@ def differences(out: Path) -> list[str]:
     for kind in ("aot_autograd", "fx_graph"):
         theirs = [k for k in built["keys"] if k["kind"] == kind]
         ours = [k for k in loaded["keys"] if k["kind"] == kind]
+        built_keys = {k["key"] for k in theirs}
         for i, entry in enumerate(ours):
-            if entry["key"] in {k["key"] for k in theirs}:
+            if entry["key"] in built_keys:
                 lines.append(f"load's {kind} key {i} {entry['key']}: the build computed it too")
                 continue
             lines.append(f"load's {kind} key {i} {entry['key']}: not computed by the build")
