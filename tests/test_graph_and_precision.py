@@ -243,8 +243,9 @@ def test_depthwise_taps_compute_the_depthwise_convolution(kernel, stride, paddin
     g.output(g.conv2d(y, "blocks.0.conv_pw", rng.standard_normal((4, 6, 1, 1))))
     graph = assign_precision(g.finish(), PrecisionPolicy("fp32"))
     pixels = torch.from_numpy(rng.standard_normal((2, 6, 15, 13)).astype(np.float32))
-    taps = GraphModule(graph, depthwise_taps=depthwise_taps_nodes(graph, 1))
-    assert taps._taps == {"blocks.0.conv_dw"}  # the depthwise op only, not the 1x1
+    # The depthwise op only, not the 1x1; a 7x7 kernel the engine leaves to cuDNN, but its taps are still right.
+    assert depthwise_taps_nodes(graph, 1) == ({"blocks.0.conv_dw"} if kernel <= 5 else set())
+    taps = GraphModule(graph, depthwise_taps=frozenset({"blocks.0.conv_dw"}))
     expected = GraphModule(graph)(pixels)
     assert torch.allclose(taps(pixels), expected, rtol=1e-5, atol=1e-5)
 
@@ -265,6 +266,20 @@ def test_the_cuda_engine_runs_depthwise_convolutions_as_taps_where_the_h200_meas
     graph = assign_precision(g.finish(), PrecisionPolicy("fp32"))
     assert depthwise_taps_nodes(graph, 1) == {"narrow_dw", "wide_dw"}
     assert depthwise_taps_nodes(graph, 128) == {"narrow_dw"}
+
+
+def test_depthwise_kernels_wider_than_5x5_stay_on_cudnn_to_keep_the_build_short():
+    # mixnet_s's mixed convolutions split their channels over 3x3 to 9x9 kernels; as taps the 7x7 and 9x9 ones
+    # (49 and 81 taps each) took most of its 266 s batch-1 compile (run 15, H100).
+    rng = np.random.default_rng(5)
+    g = GraphBuilder()
+    x = g.input("pixels", (1, 8, 16, 16))
+    convs = [g.conv2d(x, f"mixed.{k}x{k}", rng.standard_normal((8, 1, k, k)), padding=k // 2, groups=8)
+             for k in (3, 5, 7, 9)]
+    g.output(g.concat(convs, 1, "mixed.cat"))
+    graph = assign_precision(g.finish(), PrecisionPolicy("fp16"))
+    assert depthwise_taps_nodes(graph, 1) == {"mixed.3x3", "mixed.5x5"}
+    assert depthwise_taps_nodes(graph, 128) == {"mixed.3x3", "mixed.5x5"}  # 8 channels: narrow at any batch
 
 
 def test_depthwise_convolutions_feeding_a_layer_norm_stay_convolutions_at_batch_1():

@@ -365,12 +365,17 @@ def _feeds_a_reduction(node: Node, consumers: dict[str, list[Node]]) -> bool:
 # Below this many channels cuDNN runs a depthwise convolution with its slow direct kernel at any batch (run 9:
 # ghostnet_100's two 8-channel 3x3 layers at 112x112, batch 128: 271 us each; as taps 84 us).
 TAPS_BELOW_CHANNELS = 16
+# The widest kernel run as taps: a 7x7 kernel is 49 taps, a 9x9 81, and Inductor's compile time grows with every
+# one (mixnet_s's batch-1 build: 43 convolutions up to 9x9, 1,266 taps, 266 s of compile on the H100 of run 15,
+# over issue 12's 2 minutes; up to 5x5, 29 convolutions and 469 taps, half the FX nodes). ConvNeXt's 7x7 kernels
+# already stay on cuDNN, feeding their norms.
+TAPS_MAX_KERNEL = 5
 
 
 def depthwise_taps_nodes(graph: Graph, batch: int) -> frozenset[str]:
     """The depthwise convolutions the compiled CUDA engine runs as fused taps (`_depthwise_taps`) at a batch
     size: at batch 1 every one that does not feed a reduction; at larger batches only those of fewer than
-    `TAPS_BELOW_CHANNELS` channels.
+    `TAPS_BELOW_CHANNELS` channels; at any batch none with a kernel wider than `TAPS_MAX_KERNEL`.
 
     Measured on the H200 (run 9, tools/depthwise_taps_probe.py, fp16, all depthwise convolutions not
     feeding a reduction as taps): batch 1 ghostnet_100 0.440 -> 0.348 ms (191 -> 152 kernels) and
@@ -379,7 +384,8 @@ def depthwise_taps_nodes(graph: Graph, batch: int) -> frozenset[str]:
     depthwise convolution as taps, efficientnet_b0 went 0.415 -> 0.441 and 3.18 -> 7.63 ms: Inductor fused
     the taps into its squeeze-excite means, whose reduction loops run them slowly."""
     consumers = graph.consumers()
-    taps = [n for n in graph.nodes if is_depthwise(n, graph) and not _feeds_a_reduction(n, consumers)]
+    taps = [n for n in graph.nodes if is_depthwise(n, graph) and not _feeds_a_reduction(n, consumers)
+            and max(graph.weights[n.attrs.weight].shape[2:]) <= TAPS_MAX_KERNEL]
     if batch > 1:
         taps = [n for n in taps if graph.weights[n.attrs.weight].shape[0] < TAPS_BELOW_CHANNELS]
     return frozenset(n.name for n in taps)
