@@ -372,10 +372,10 @@ TAPS_BELOW_CHANNELS = 16
 TAPS_MAX_KERNEL = 5
 
 
-def depthwise_taps_nodes(graph: Graph, batch: int) -> frozenset[str]:
+def depthwise_taps_nodes(graph: Graph, batch: int, max_kernel: int = TAPS_MAX_KERNEL) -> frozenset[str]:
     """The depthwise convolutions the compiled CUDA engine runs as fused taps (`_depthwise_taps`) at a batch
     size: at batch 1 every one that does not feed a reduction; at larger batches only those of fewer than
-    `TAPS_BELOW_CHANNELS` channels; at any batch none with a kernel wider than `TAPS_MAX_KERNEL`.
+    `TAPS_BELOW_CHANNELS` channels; at any batch none with a kernel wider than `max_kernel`.
 
     Measured on the H200 (run 9, tools/depthwise_taps_probe.py, fp16, all depthwise convolutions not
     feeding a reduction as taps): batch 1 ghostnet_100 0.440 -> 0.348 ms (191 -> 152 kernels) and
@@ -385,7 +385,7 @@ def depthwise_taps_nodes(graph: Graph, batch: int) -> frozenset[str]:
     the taps into its squeeze-excite means, whose reduction loops run them slowly."""
     consumers = graph.consumers()
     taps = [n for n in graph.nodes if is_depthwise(n, graph) and not _feeds_a_reduction(n, consumers)
-            and max(graph.weights[n.attrs.weight].shape[2:]) <= TAPS_MAX_KERNEL]
+            and max(graph.weights[n.attrs.weight].shape[2:]) <= max_kernel]
     if batch > 1:
         taps = [n for n in taps if graph.weights[n.attrs.weight].shape[0] < TAPS_BELOW_CHANNELS]
     return frozenset(n.name for n in taps)
