@@ -228,6 +228,26 @@ def test_an_unmatched_fp32_layers_pattern_stops_the_build_with_one_line(tmp_path
     assert not out.exists()
 
 
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_a_weight_sliced_from_a_longer_tensor_compiles_with_the_strides_a_bundle_loads_it_with(precision):
+    # vit's patch positions are pos_embed[:, 1:]: numpy calls that view contiguous, but its batch axis keeps the
+    # longer tensor's stride, and Inductor's cache keys hold strides (vit_base's load missed its cache, run 16).
+    positions = np.random.default_rng(0).standard_normal((1, 5, 4)).astype(np.float32)
+
+    def module(patch_positions):
+        g = GraphBuilder()
+        x = g.input("tokens", (1, 4, 4))
+        g.output(g.add(x, g.constant("pos_embed", patch_positions), "pos_embed.add"))
+        return GraphModule(assign_precision(g.finish(), PrecisionPolicy(precision)))
+
+    def strides(module):
+        return {name: tensor.stride() for name, tensor in [*module.named_buffers(), *module.named_parameters()]}
+
+    built, loaded = module(positions[:, 1:]), module(positions[:, 1:].copy())
+    assert positions[:, 1:].strides[0] != positions[:, 1:].copy().strides[0]
+    assert strides(built) == strides(loaded) and (16, 4, 1) in strides(built).values()
+
+
 @pytest.mark.parametrize(
     "kernel, stride, padding, dilation, bias",
     [(3, 1, 1, 1, True), (3, 2, (0, 0, 1, 1), 1, False), (5, 2, (1, 1, 2, 2), 1, True), (3, 1, 2, 2, True), (7, 1, 3, 1, False)],

@@ -494,7 +494,12 @@ class GraphModule(torch.nn.Module):
                 name = _buffer_name(key)
                 if name not in registered:
                     registered.add(name)
-                    tensor = torch.from_numpy(graph.weights[key]).to(TORCH_DTYPES[node.weight_dtype(key)])
+                    # A copy in canonical strides: numpy calls a view C-contiguous whatever the stride of its
+                    # size-1 axes (vit's pos_embed[:, 1:] keeps the 197-token stride on its batch axis), torch
+                    # keeps that stride, and Inductor's cache keys hold it, so the build's compile would not be
+                    # the one a bundle's freshly read weights look up (vit_base's load missed, run 16).
+                    tensor = torch.from_numpy(graph.weights[key]).to(
+                        TORCH_DTYPES[node.weight_dtype(key)], copy=True, memory_format=torch.contiguous_format)
                     if node.kind is OpKind.ATTENTION and tensor.shape[-1] % ATTENTION_BIAS_ALIGNMENT:
                         # A parameter, not a buffer: FX traces what is read from a parameter, so the
                         # view stays an op of the graph over the padded tensor (a buffer's view would
