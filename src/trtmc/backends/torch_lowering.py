@@ -366,9 +366,10 @@ def _feeds_a_reduction(node: Node, consumers: dict[str, list[Node]]) -> bool:
 # ghostnet_100's two 8-channel 3x3 layers at 112x112, batch 128: 271 us each; as taps 84 us).
 TAPS_BELOW_CHANNELS = 16
 # The widest kernel run as taps: a 7x7 kernel is 49 taps, a 9x9 81, and Inductor's compile time grows with every
-# one (mixnet_s's batch-1 build: 43 convolutions up to 9x9, 1,266 taps, 266 s of compile on the H100 of run 15,
-# over issue 12's 2 minutes; up to 5x5, 29 convolutions and 469 taps, half the FX nodes). ConvNeXt's 7x7 kernels
-# already stay on cuDNN, feeding their norms.
+# one. mixnet_s at batch 1 (42 convolutions up to 9x9, 1,266 taps) compiled for 266 s of a 322 s build under the
+# bench's parallel prepare (run 15), over issue 12's 2 minutes for a build; up to 5x5 (29 convolutions, 469 taps)
+# its batch-1 compile went 83.6 -> 36.2 s alone on the H200 and its build 86.7 s, for 0.665 -> 0.774 ms, still 1.18x
+# the expert (run 16). ConvNeXt's 7x7 kernels stay on cuDNN anyway, feeding their norms.
 TAPS_MAX_KERNEL = 5
 
 
