@@ -25,9 +25,9 @@
 #                launch-bound; ~70 s a model from cold caches), an equal share of the time left each; `pdl128` the same
 #                at batch 128; results in pdl/ARCH.json
 #   tapscap      tools/depthwise_taps_probe.py on mixnet_s at batch 1: the engine's taps (kernels up to 5x5 since run
-#                16), the same with its 7x7 and 9x9 kernels too, and no taps (run 15, all as taps: the engine's batch-1
-#                compile took 266 s of a 322 s build, over
-#                issue 12's 2 minutes); results in tapscap/mixnet_s.json
+#                16), the same with its 7x7 kernels too, with its 7x7 and 9x9 kernels, and no taps (run 15, all as
+#                taps: the engine's batch-1 compile took 266 s of a 322 s build, over issue 12's 2 minutes; run 16:
+#                up to 5x5 36 s and 0.774 ms, all 84 s and 0.665 ms); results in tapscap/mixnet_s.json
 #   cachekey     tools/cache_key_probe.py on vit_base_patch16_224 (built as a bench prepare builds it, then loaded in a
 #                fresh process; its load missed the bundle's caches in every run): the FX graph cache keys of both
 #                processes and what differs, in cachekey/
@@ -195,7 +195,7 @@ pdl128() {
 
 tapscap() {  # mixnet_s at batch 1: its 7x7 and 9x9 depthwise convolutions as taps or on cuDNN (compile time, speed)
     timeout "$(left)" python3 tools/depthwise_taps_probe.py "$RESULTS/tapscap" mixnet_s --batch 1 --variant "the engine" \
-        --variant "the engine, taps up to 9x9" --variant "cudnn depthwise" >>"$LOG" 2>&1
+        --variant "the engine, taps up to 7x7" --variant "the engine, taps up to 9x9" --variant "cudnn depthwise" >>"$LOG" 2>&1
     echo "tapscap mixnet_s: $?" >>"$LOG"
 }
 
