@@ -36,6 +36,8 @@ from trtmc.random_weights import save_random_checkpoint
 
 from probe_common import engine_replay, kernels
 
+UNCAPPED = 9  # the widest depthwise kernel of the bench's networks (mixnet_s); the engine's choice until run 16
+
 # Which depthwise convolutions run as taps: none (cuDNN's, the engine until run 9), every one not feeding a
 # reduction (batch 1's choice, run 9's "depthwise taps" rows), and the engine's choice at the row's batch size.
 VARIANTS = {
@@ -45,7 +47,6 @@ VARIANTS = {
     "the engine, taps up to 7x7": lambda graph, batch: depthwise_taps_nodes(graph, batch, max_kernel=7),
     "the engine, taps up to 9x9": lambda graph, batch: depthwise_taps_nodes(graph, batch, max_kernel=UNCAPPED),
 }
-UNCAPPED = 9  # the widest depthwise kernel of the bench's networks (mixnet_s); the engine's choice until run 16
 
 
 def main() -> None:

@@ -385,11 +385,14 @@ def depthwise_taps_nodes(graph: Graph, batch: int, max_kernel: int = TAPS_MAX_KE
     depthwise convolution as taps, efficientnet_b0 went 0.415 -> 0.441 and 3.18 -> 7.63 ms: Inductor fused
     the taps into its squeeze-excite means, whose reduction loops run them slowly."""
     consumers = graph.consumers()
-    taps = [n for n in graph.nodes if is_depthwise(n, graph) and not _feeds_a_reduction(n, consumers)
-            and max(graph.weights[n.attrs.weight].shape[2:]) <= max_kernel]
-    if batch > 1:
-        taps = [n for n in taps if graph.weights[n.attrs.weight].shape[0] < TAPS_BELOW_CHANNELS]
-    return frozenset(n.name for n in taps)
+    taps = set()
+    for n in graph.nodes:
+        if not is_depthwise(n, graph) or _feeds_a_reduction(n, consumers):
+            continue
+        channels, _, *kernel = graph.weights[n.attrs.weight].shape
+        if max(kernel) <= max_kernel and (batch == 1 or channels < TAPS_BELOW_CHANNELS):
+            taps.add(n.name)
+    return frozenset(taps)
 
 
 def _depthwise_taps(node, args, w):
