@@ -38,8 +38,9 @@ from probe_common import engine_replay, kernels
 
 UNCAPPED = 9  # the widest depthwise kernel of the bench's networks (mixnet_s); the engine's choice until run 16
 
-# Which depthwise convolutions run as taps: none (cuDNN's, the engine until run 9), every one not feeding a
-# reduction (batch 1's choice, run 9's "depthwise taps" rows), and the engine's choice at the row's batch size.
+# Which depthwise convolutions run as taps: none (cuDNN's, the engine until run 9); every one not feeding a
+# reduction, at any kernel size and batch (run 9's "depthwise taps" rows); the engine's choice at the row's batch
+# size (kernels up to TAPS_MAX_KERNEL); and that choice with the cap raised to 7x7 or lifted.
 VARIANTS = {
     "cudnn depthwise": lambda graph, batch: frozenset(),
     "depthwise taps": lambda graph, batch: depthwise_taps_nodes(graph, 1, max_kernel=UNCAPPED),
