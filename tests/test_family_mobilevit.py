@@ -17,7 +17,7 @@ from support import (
 )
 from trtmc.checkpoint import Checkpoint, CheckpointError
 from trtmc.families import UnsupportedModel, build_graph
-from trtmc.families.mobilevit import FAMILY, InvertedResidual, MobileViTBlock, derive_layout
+from trtmc.families.mobilevit import FAMILY, InvertedResidual, derive_layout
 from trtmc.graph import OpKind
 
 SMALLEST = "mobilevit_xxs"

@@ -345,19 +345,20 @@ def is_depthwise(node: Node, graph: Graph) -> bool:
 # What Inductor fuses a producer through: one-input elementwise ops and views.
 _FUSES_THROUGH = (OpKind.SCALE, OpKind.ACTIVATION, OpKind.CAST, OpKind.TRANSPOSE, OpKind.RESHAPE)
 # Ops that Inductor generates as reduction loops: a norm's statistics are a reduction like a mean's.
-_REDUCTIONS = (OpKind.REDUCE, OpKind.POOL2D, OpKind.SOFTMAX, OpKind.NORMALIZATION, OpKind.GROUP_NORM)
+_MEANS = (OpKind.REDUCE, OpKind.POOL2D)
+_REDUCTIONS = (*_MEANS, OpKind.SOFTMAX, OpKind.NORMALIZATION, OpKind.GROUP_NORM)
 
 
-def _feeds_a_reduction(node: Node, consumers: dict[str, list[Node]]) -> bool:
+def _feeds_a_reduction(node: Node, consumers: dict[str, list[Node]], reductions: tuple[OpKind, ...]) -> bool:
     """Whether `node`'s output reaches a reduction, a pooling or a norm through one-input elementwise ops
     and views only (a squeeze-excite's mean, ConvNeXt's layer norm after its 7x7 depthwise convolution):
     Inductor would fuse taps there into the reduction's loop. Measured on the H200: convnext_tiny's 18
     depthwise convolutions as taps feeding their layer norms ran batch 1 at 0.835 ms against 0.579 on
     cuDNN (benchmarks/NOTES.md, runs 7 and 11)."""
     for consumer in consumers[node.name]:
-        if consumer.kind in _REDUCTIONS:
+        if consumer.kind in reductions:
             return True
-        if consumer.kind in _FUSES_THROUGH and _feeds_a_reduction(consumer, consumers):
+        if consumer.kind in _FUSES_THROUGH and _feeds_a_reduction(consumer, consumers, reductions):
             return True
     return False
 
@@ -373,10 +374,13 @@ TAPS_BELOW_CHANNELS = 16
 TAPS_MAX_KERNEL = 5
 
 
-def depthwise_taps_nodes(graph: Graph, batch: int, max_kernel: int = TAPS_MAX_KERNEL) -> frozenset[str]:
+def depthwise_taps_nodes(
+    graph: Graph, batch: int, max_kernel: int = TAPS_MAX_KERNEL, into_norms: bool = False
+) -> frozenset[str]:
     """The depthwise convolutions the compiled CUDA engine runs as fused taps (`_depthwise_taps`) at a batch
     size: at batch 1 every one that does not feed a reduction; at larger batches only those of fewer than
-    `TAPS_BELOW_CHANNELS` channels; at any batch none with a kernel wider than `max_kernel`.
+    `TAPS_BELOW_CHANNELS` channels; at any batch none with a kernel wider than `max_kernel`. `into_norms`
+    (for tools/depthwise_taps_probe.py) counts only means and poolings as reductions, as runs 9-10 did.
 
     Measured on the H200 (run 9, tools/depthwise_taps_probe.py, fp16, all depthwise convolutions not
     feeding a reduction as taps): batch 1 ghostnet_100 0.440 -> 0.348 ms (191 -> 152 kernels) and
@@ -385,9 +389,10 @@ def depthwise_taps_nodes(graph: Graph, batch: int, max_kernel: int = TAPS_MAX_KE
     depthwise convolution as taps, efficientnet_b0 went 0.415 -> 0.441 and 3.18 -> 7.63 ms: Inductor fused
     the taps into its squeeze-excite means, whose reduction loops run them slowly."""
     consumers = graph.consumers()
+    reductions = _MEANS if into_norms else _REDUCTIONS
     taps = set()
     for n in graph.nodes:
-        if not is_depthwise(n, graph) or _feeds_a_reduction(n, consumers):
+        if not is_depthwise(n, graph) or _feeds_a_reduction(n, consumers, reductions):
             continue
         channels, _, *kernel = graph.weights[n.attrs.weight].shape
         if max(kernel) <= max_kernel and (batch == 1 or channels < TAPS_BELOW_CHANNELS):
