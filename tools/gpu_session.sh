@@ -38,13 +38,14 @@
 #   ray          Ray Data alone over 2,002 files (1 actor, then 4 sharing the GPU), timm's top-1 from run 5's folder bench
 #   aoti         the AOTInductor package (exported here unless `bundles` did) loaded in a fresh process with the system libstdc++ preloaded
 #                (tools/aoti_cuda_probe.py load): load time and its profile, first call, parity, CUDA-graph capture
-# Every step has its own time limit. $OUT gets session.log and results.tar.gz (measurements.jsonl: wall time and
-# peak RSS per command; folder/: the bench's results and ray.json; aoti/; probe/).
 #   behind       the two entries behind the expert at batch 1 in run 18 (H100): edgenext_small's depthwise convolutions
 #                that feed layer norms as taps (runs 9-10: 1.21x the expert on the H200) against cuDNN (since run 11:
 #                0.95x), and mobilevit_s (0.94x) with its taps and without, then against the expert kernel by kernel
 #                (tools/miss_profile.py on a bundle built here); results in behind/ (the taps probe's) and
-#                behind/profile/ (miss_profile's: run 18 wrote both to behind/mobilevit_s.json, the probe's was lost)
+#                behind/profile/ (miss_profile's: run 18 wrote both to behind/mobilevit_s.json, the probe's was lost);
+#                `behind-profile` builds the bundle and runs miss_profile only (~150 s)
+# Every step has its own time limit. $OUT gets session.log and results.tar.gz (measurements.jsonl: wall time and
+# peak RSS per command; folder/: the bench's results and ray.json; aoti/; probe/).
 #   OUT=/tmp/out bash tools/gpu_session.sh bundles-lite0 probe folderbench aoti
 set -u
 export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1
@@ -171,13 +172,23 @@ taps() {
     done
 }
 
+build_mobilevit() {  # a mobilevit_s bundle (random weights) as `trtmc build` makes one, for miss_profile
+    python3 -c "from pathlib import Path; from trtmc.random_weights import save_random_checkpoint as s; \
+s('mobilevit_s', Path('$WORK/mobilevit_s'))" >>"$LOG" 2>&1
+    timeout 300 python3 -m trtmc build "$WORK/mobilevit_s" -o "$WORK/mobilevit_s.bundle" --precision fp16 --device cuda \
+        --max-batch 128 -q >"$WORK/build-mobilevit_s.log" 2>&1
+    echo "build mobilevit_s: $?" >>"$LOG"
+}
+
+profile_mobilevit() {
+    timeout "$(left)" python3 tools/miss_profile.py "$RESULTS/behind/profile" mobilevit_s=mobilevit_s="$WORK/mobilevit_s.bundle" >>"$LOG" 2>&1
+    echo "miss_profile mobilevit_s: $?" >>"$LOG"
+}
+
 behind() {
     local edgenext=(--variant "the engine" --variant "the engine, taps into norms" --variant "taps into norms up to 9x9"
                     --variant "cudnn depthwise") mobilevit=(--variant "the engine" --variant "cudnn depthwise")
-    python3 -c "from pathlib import Path; from trtmc.random_weights import save_random_checkpoint as s; \
-s('mobilevit_s', Path('$WORK/mobilevit_s'))" >>"$LOG" 2>&1
-    ( timeout 300 python3 -m trtmc build "$WORK/mobilevit_s" -o "$WORK/mobilevit_s.bundle" --precision fp16 --device cuda \
-        --max-batch 128 -q >"$WORK/build-mobilevit_s.log" 2>&1; echo "build mobilevit_s: $?" >>"$LOG" ) &
+    build_mobilevit &
     TORCHINDUCTOR_COMPILE_THREADS=6 timeout 300 python3 tools/depthwise_taps_probe.py "$RESULTS/behind" edgenext_small \
         --batch 1 "${edgenext[@]}" --compile-only >"$WORK/behind-edgenext.log" 2>&1 &
     TORCHINDUCTOR_COMPILE_THREADS=4 timeout 300 python3 tools/depthwise_taps_probe.py "$RESULTS/behind" mobilevit_s \
@@ -188,9 +199,10 @@ s('mobilevit_s', Path('$WORK/mobilevit_s'))" >>"$LOG" 2>&1
     echo "taps edgenext_small: $?" >>"$LOG"
     timeout "$(left)" python3 tools/depthwise_taps_probe.py "$RESULTS/behind" mobilevit_s --batch 1 "${mobilevit[@]}" >>"$LOG" 2>&1
     echo "taps mobilevit_s: $?" >>"$LOG"
-    timeout "$(left)" python3 tools/miss_profile.py "$RESULTS/behind/profile" mobilevit_s=mobilevit_s="$WORK/mobilevit_s.bundle" >>"$LOG" 2>&1
-    echo "miss_profile mobilevit_s: $?" >>"$LOG"
+    profile_mobilevit
 }
+
+behind_profile() { build_mobilevit; tail -n 2 "$WORK/build-mobilevit_s.log" >>"$LOG"; profile_mobilevit; }
 
 inductor_options() {  # FOLDER "BATCH..." ARCH:VARIANT...: tools/autotune_probe.py per model, each an equal share of
     local folder=$1 batches=$2 pair arch variants n  # the time left
