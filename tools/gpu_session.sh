@@ -81,10 +81,22 @@ for count in (2002, 20000):
 PY
 }
 
-build_one() {  # NAME CHECKPOINT
-    timeout 200 python3 -m trtmc build "$2" -o "$WORK/$1.bundle" --precision fp16 --device cuda --max-batch 64 -q \
+build_one() {  # NAME CHECKPOINT [MAX_BATCH, default 64]
+    timeout 300 python3 -m trtmc build "$2" -o "$WORK/$1.bundle" --precision fp16 --device cuda --max-batch "${3:-64}" -q \
         >"$WORK/build-$1.log" 2>&1
     echo "build $1: $?" >>"$LOG"
+}
+
+random_checkpoints() {  # ARCH...: timm's architecture with random weights in $WORK/ARCH, each saved once
+    python3 - "$WORK" "$@" >>"$LOG" 2>&1 <<'PY'
+import sys
+from pathlib import Path
+from trtmc.random_weights import save_random_checkpoint
+work = Path(sys.argv[1])
+for arch in sys.argv[2:]:
+    if not (work / arch / "config.json").is_file():
+        save_random_checkpoint(arch, work / arch)
+PY
 }
 
 aoti_export() {
@@ -93,13 +105,7 @@ aoti_export() {
 }
 
 bundles() {
-    python3 - >>"$LOG" 2>&1 <<'PY'
-from pathlib import Path
-from trtmc.random_weights import save_random_checkpoint
-for arch in ("ghostnet_100", "resnet50"):
-    if not (Path("/tmp/trtmc-gpu") / arch / "config.json").is_file():
-        save_random_checkpoint(arch, Path("/tmp/trtmc-gpu") / arch)
-PY
+    random_checkpoints ghostnet_100 resnet50
     build_one lite0 examples/checkpoints/tf_efficientnet_lite0.in1k &
     build_one ghostnet_100 "$WORK/ghostnet_100" &
     build_one resnet50 "$WORK/resnet50" &
@@ -173,11 +179,8 @@ taps() {
 }
 
 build_mobilevit() {  # a mobilevit_s bundle (random weights) as `trtmc build` makes one, for miss_profile
-    python3 -c "from pathlib import Path; from trtmc.random_weights import save_random_checkpoint as s; \
-s('mobilevit_s', Path('$WORK/mobilevit_s'))" >>"$LOG" 2>&1
-    timeout 300 python3 -m trtmc build "$WORK/mobilevit_s" -o "$WORK/mobilevit_s.bundle" --precision fp16 --device cuda \
-        --max-batch 128 -q >"$WORK/build-mobilevit_s.log" 2>&1
-    echo "build mobilevit_s: $?" >>"$LOG"
+    random_checkpoints mobilevit_s
+    build_one mobilevit_s "$WORK/mobilevit_s" 128
 }
 
 profile_mobilevit() {

@@ -64,10 +64,8 @@ def recompiled(graph, batch: int):
     import torch._inductor.config as inductor_config
 
     from trtmc.backends.inductor_lowerings import PLAIN, lowering_candidates
-    from trtmc.backends.torch_lowering import to_fx
 
-    plain = lowering_candidates(graph, batch)[PLAIN]
-    module = to_fx(graph, quantized_gemms=True, depthwise_taps=plain.taps, vector_products=plain.products)
+    module = lowering_candidates(graph, batch)[PLAIN].module(graph, torch.device("cuda"))
     with inductor_config.patch(fx_graph_cache=False):
         replay, _, _ = engine_replay(module, graph, batch)
     return replay
@@ -105,12 +103,10 @@ def main() -> None:
                     fn()
                 times = timed(rows)
                 result["batches"][batch] = {name: {**times[name], **kernels(fn)} for name, fn in rows.items()}
-                t, e = result["batches"][batch]["trtmc"], result["batches"][batch]["expert"]
-                r = result["batches"][batch]["recompiled"]
-                print(f"{label:22} b{batch:<3} trtmc {t['median_ms']:.3f} ms ({t['kernels']} kernels, {t['kernel_us']:.0f} us)"
-                      f" expert {e['median_ms']:.3f} ms ({e['kernels']} kernels, {e['kernel_us']:.0f} us)"
-                      f" ratio {e['median_ms'] / t['median_ms']:.3f}; recompiled {r['median_ms']:.3f} ms"
-                      f" ({r['kernels']} kernels, {r['kernel_us']:.0f} us)", flush=True)
+                row = result["batches"][batch]
+                print(f"{label:22} b{batch:<3} " + " ".join(
+                    f"{name} {r['median_ms']:.3f} ms ({r['kernels']} kernels, {r['kernel_us']:.0f} us)" for name, r in row.items())
+                      + f" ratio {row['expert']['median_ms'] / row['trtmc']['median_ms']:.3f}", flush=True)
         (out_dir / f"{label}.json").write_text(json.dumps(result, indent=1))
         del runtime
         torch.cuda.empty_cache()
