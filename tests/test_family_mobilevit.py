@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
 from support import (
     assert_refused_before_weights_load,
     forbid_weight_reads,
@@ -17,7 +20,8 @@ from support import (
 )
 from trtmc.checkpoint import Checkpoint, CheckpointError
 from trtmc.families import UnsupportedModel, build_graph
-from trtmc.families.mobilevit import FAMILY, InvertedResidual, derive_layout
+from trtmc.backends.torch_lowering import to_fx
+from trtmc.families.mobilevit import FAMILY, InvertedResidual, MobileViTBlock, derive_layout
 from trtmc.graph import OpKind
 
 SMALLEST = "mobilevit_xxs"
@@ -47,6 +51,39 @@ def test_one_attention_op_serves_every_patch_position(timm_checkpoint):
     assert attention.kind is OpKind.ATTENTION and attention.type.shape == (1, 16, 256, 16)
     assert attention.attrs.scale == 16**-0.5
     assert graph.node("stages.2.1.fold#3").type.shape == (1, 64, 32, 32)
+
+
+def test_heads_are_padded_to_a_multiple_of_8_and_keep_their_own_scale(timm_checkpoint):
+    # Stage 3's 80-wide tokens make 20-wide heads; attention kernels read 24 (the padding is zero weights,
+    # so timm's logits hold: test_parity_every_architecture.py), the scale stays 20 ** -0.5.
+    _, graph = build_graph(Checkpoint(timm_checkpoint(SMALLEST)))
+    attention = graph.node("stages.3.1.transformer.0.attn")
+    assert attention.type.shape == (1, 16, 64, 24) and attention.attrs.scale == 20**-0.5
+    assert graph.node("stages.3.1.transformer.0.attn.proj").type.shape == (1, 64, 4, 80)
+
+
+class _LayoutCopies(TorchDispatchMode):
+    """Counts the copies torch makes to give a tensor a new layout (what `reshape` does when a view cannot)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func is torch.ops.aten.clone.default
+        return func(*args, **(kwargs or {}))
+
+
+def test_attention_reads_its_heads_and_writes_its_output_as_views_of_the_tokens(timm_checkpoint):
+    # Only the unfold and the fold of each MobileViT block copy; the positions joining the heads axis cost
+    # none (two copies per attention before the token layout put the positions inside the patches).
+    ckpt = Checkpoint(timm_checkpoint(SMALLEST))
+    _, graph = build_graph(ckpt)
+    blocks = [b for b in derive_layout(ckpt, FAMILY.architectures[SMALLEST]).blocks if isinstance(b, MobileViTBlock)]
+    module = to_fx(graph).eval()
+    with torch.no_grad(), _LayoutCopies() as copies:
+        module(torch.rand(1, *graph.inputs[0].type.shape[1:]))
+    assert (len(blocks), copies.count) == (3, 2 * 3)
 
 
 def _sharpen_attention(state):

@@ -202,13 +202,22 @@ def _cast(node, args, w):
     return args[0].to(TORCH_DTYPES[node.attrs.dtype])
 
 
+@torch.fx.wrap  # a leaf of the FX trace: the strides it reads exist only once tensors (or fake ones) flow
+def _dense_last_dim(t: torch.Tensor) -> torch.Tensor:
+    """`t`, copied row-major when its last dimension is strided. The fused attention kernels read rows of unit
+    stride; given any other, torch falls back to the math path, whose products run fp16 in fp32 (edgenext's
+    cross-covariance attentions, whose rows run along the tokens: six fp32 GEMMs, 45 us of its 534 on the H100)."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
 @lowering(OpKind.ATTENTION)
 def _attention(node, args, w):
     # Inductor keeps this one call; on CUDA it runs flash, memory-efficient or cuDNN attention (each
     # keeps the softmax statistics in fp32), on a CPU torch's flash kernel, which accumulates in fp32.
     a = node.attrs
     bias = w(a.bias) if a.bias else None
-    return F.scaled_dot_product_attention(args[0], args[1], args[2], attn_mask=bias, scale=a.scale)
+    q, k, v = (_dense_last_dim(t) for t in args[:3])
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=a.scale)
 
 
 def _quantization_scale(node, w) -> torch.Tensor:

@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
+import numpy as np
+
 from ..checkpoint import Checkpoint, CheckpointError
 from ..graph import Activation
 from ..graph_builder import GraphBuilder, Tensor
@@ -139,40 +141,70 @@ def derive_layout(ckpt: Checkpoint, arch: MobileViTConfig) -> Layout:
 
 
 def _unfold(g: GraphBuilder, x: Tensor, patch: int, source: str) -> Tensor:
-    """The map [N, C, H, W] as tokens [N, P, T, C]: for each of the P = patch * patch positions inside a
-    patch, the T patches in row-major order. timm folds P into the batch ([N * P, T, C]); here it is an
-    axis of its own, and the attention runs over T for each (image, position) alike."""
+    """The map [N, C, H, W] as tokens [N, T, P, C]: the T patches in row-major order, and in each the P =
+    patch * patch positions. timm folds P into the batch ([N * P, T, C]); here it is an axis of its own, inside
+    T so that the attention's heads and its output are views of this layout (`_attention`)."""
     _, c, h, w = x.shape
     x = g.reshape(x, (c, h // patch, patch, w // patch, patch), source)
-    x = g.transpose(x, (0, 3, 5, 2, 4, 1), source)  # [N, ph, pw, nh, nw, C]
-    return g.reshape(x, (patch * patch, (h // patch) * (w // patch), c), source)
+    x = g.transpose(x, (0, 2, 4, 3, 5, 1), source)  # [N, nh, nw, ph, pw, C]
+    return g.reshape(x, ((h // patch) * (w // patch), patch * patch, c), source)
 
 
 def _fold(g: GraphBuilder, x: Tensor, patch: int, size: tuple[int, int], source: str) -> Tensor:
-    """`_unfold`'s inverse: tokens [N, P, T, C] back to the map [N, C, H, W]."""
+    """`_unfold`'s inverse: tokens [N, T, P, C] back to the map [N, C, H, W]."""
     _, _, _, c = x.shape
     nh, nw = size[0] // patch, size[1] // patch
-    x = g.reshape(x, (patch, patch, nh, nw, c), source)
-    x = g.transpose(x, (0, 5, 3, 1, 4, 2), source)  # [N, C, nh, ph, nw, pw]
+    x = g.reshape(x, (nh, nw, patch, patch, c), source)
+    x = g.transpose(x, (0, 5, 1, 3, 2, 4), source)  # [N, C, nh, ph, nw, pw]
     return g.reshape(x, (c, size[0], size[1]), source)
 
 
+# Attention kernels read heads a multiple of 8 wide: flash attention pads q, k and v of other widths in three
+# kernels of their own per attention, and the efficient and cuDNN kernels refuse them (mobilevit_s's 36- and
+# 60-wide heads, tools/sdpa_backend_probe.py on the H100).
+HEAD_ALIGNMENT = 8
+
+
+def _padded_qkv(ckpt: Checkpoint, prefix: str, heads: int, padded: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """`prefix.qkv`'s weight and bias with their output features reordered from timm's (q|k|v, head, head_dim)
+    to (head, q|k|v, head_dim), each head's q, k and v padded with zero features to `padded` wide."""
+
+    def by_head(t: np.ndarray) -> np.ndarray:
+        t = t.reshape(3, heads, -1, *t.shape[1:])
+        t = np.pad(t, [(0, 0), (0, 0), (0, padded - t.shape[2])] + [(0, 0)] * (t.ndim - 3))
+        return np.ascontiguousarray(t.swapaxes(0, 1).reshape(-1, *t.shape[3:]))
+
+    bias = f"{prefix}.bias"
+    return by_head(ckpt.tensor(f"{prefix}.weight")), by_head(ckpt.tensor(bias)) if bias in ckpt else None
+
+
+def _padded_proj(ckpt: Checkpoint, prefix: str, heads: int, padded: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """`prefix.proj`'s weight reading heads `padded` wide (zero weights for the padding) and its bias."""
+    weight = ckpt.tensor(f"{prefix}.weight")
+    weight = weight.reshape(weight.shape[0], heads, -1)
+    weight = np.pad(weight, [(0, 0), (0, 0), (0, padded - weight.shape[2])]).reshape(weight.shape[0], -1)
+    bias = f"{prefix}.bias"
+    return weight, ckpt.tensor(bias) if bias in ckpt else None
+
+
 def _attention(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str, heads: int) -> Tensor:
-    """timm's Attention (fused `qkv` ordered (q|k|v, head, head_dim), `proj`) over tokens [N, P, T, C] for
-    each patch position at once: the positions join the heads axis of one ATTENTION op."""
-    _, positions, tokens, width = x.shape
-    head_dim = width // heads
-    qkv = linear(g, x, ckpt, f"{prefix}.qkv")
-    qkv = g.reshape(qkv, (positions, tokens, 3, heads, head_dim), f"{prefix}.split_heads")
-    qkv = g.transpose(qkv, (0, 3, 1, 4, 2, 5), f"{prefix}.split_heads")  # [N, q|k|v, P, heads, T, head_dim]
-    qkv = g.reshape(qkv, (3 * positions * heads, tokens, head_dim), f"{prefix}.split_heads")
-    groups = positions * heads
-    q, k, v = (g.slice(qkv, 1, i * groups, (i + 1) * groups, f"{prefix}.{part}") for i, part in enumerate("qkv"))
+    """timm's Attention (fused `qkv`, `proj`) over tokens [N, T, P, C] for each patch position at once: the
+    positions join the heads axis of one ATTENTION op. With `qkv`'s features head-major, each (position,
+    head) group's q, k and v lie side by side, so the groups and the attention's [N, T, groups, head_dim]
+    output are views of the token layout: no layout copy on either side, as in timm (where P is in the batch).
+    Heads are padded to `HEAD_ALIGNMENT` in the weights: zero features add nothing to q k^T, and the zero
+    columns of v meet zero columns of `proj`."""
+    _, tokens, positions, width = x.shape
+    head_dim, groups = width // heads, positions * heads
+    padded = -(-head_dim // HEAD_ALIGNMENT) * HEAD_ALIGNMENT
+    qkv = g.linear(x, f"{prefix}.qkv", *_padded_qkv(ckpt, f"{prefix}.qkv", heads, padded))
+    qkv = g.reshape(qkv, (tokens, groups, 3 * padded), f"{prefix}.split_heads")
+    qkv = g.transpose(qkv, (0, 2, 1, 3), f"{prefix}.split_heads")  # [N, (P, heads), T, q|k|v padded]
+    q, k, v = (g.slice(qkv, 3, i * padded, (i + 1) * padded, f"{prefix}.{part}") for i, part in enumerate("qkv"))
     y = g.attention(q, k, v, prefix, scale=head_dim**-0.5)
-    y = g.reshape(y, (positions, heads, tokens, head_dim), f"{prefix}.merge_heads")
-    y = g.transpose(y, (0, 1, 3, 2, 4), f"{prefix}.merge_heads")  # [N, P, T, heads, head_dim]
-    y = g.reshape(y, (positions, tokens, width), f"{prefix}.merge_heads")
-    return linear(g, y, ckpt, f"{prefix}.proj")
+    y = g.transpose(y, (0, 2, 1, 3), f"{prefix}.merge_heads")  # [N, T, (P, heads), padded]
+    y = g.reshape(y, (tokens, positions, heads * padded), f"{prefix}.merge_heads")
+    return g.linear(y, f"{prefix}.proj", *_padded_proj(ckpt, f"{prefix}.proj", heads, padded))
 
 
 def _emit_transformer_block(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str, arch: MobileViTConfig) -> Tensor:
