@@ -13,6 +13,8 @@ only (mixnet_s's middle ground, not yet measured). Each is replayed
 in a CUDA graph; all rows of an architecture are timed interleaved with the bench's protocol; the kernels of
 one replay are counted; the two outputs on the same pixels are compared. `--compile-only` compiles and exits
 (run one per architecture in parallel first: Inductor's disk caches then make the timed run's compiles warm).
+The `triton depthwise` variants run the depthwise convolutions that are not taps as one Triton kernel each
+(`trtmc.backends.depthwise_kernel`, not yet in any build): every one, or those the engine leaves to cuDNN.
 Writes OUT_DIR/ARCH.json and prints one line per row.
 """
 
@@ -26,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from trtmc.backends.depthwise_kernel import depthwise_kernels
 from trtmc.backends.torch_lowering import depthwise_taps_nodes, to_fx
 from trtmc.bench.spec import TimingProtocol
 from trtmc.bench.timing import CudaEventClock, TimedCall, time_interleaved
@@ -51,7 +54,11 @@ VARIANTS = {
     # Taps feeding a layer norm too (runs 9-10; edgenext_small b1 1.21x the expert in run 10, 0.95x in run 18).
     "the engine, taps into norms": lambda graph, batch: depthwise_taps_nodes(graph, batch, into_norms=True),
     "taps into norms up to 9x9": lambda graph, batch: depthwise_taps_nodes(graph, batch, UNCAPPED, into_norms=True),
+    # The same taps as the named variant; every other depthwise convolution on the Triton kernel, not cuDNN.
+    "triton depthwise": lambda graph, batch: frozenset(),
+    "the engine, the rest triton": depthwise_taps_nodes,
 }
+ON_TRITON = {"triton depthwise", "the engine, the rest triton"}
 
 
 def main() -> None:
@@ -75,7 +82,9 @@ def probe(arch: str, batches: list[int], out: Path, compile_only: bool, variants
     replays, outputs, first_calls = {}, {}, {}
     for batch in batches:
         for name in variants:
-            module = to_fx(graph, quantized_gemms=True, depthwise_taps=VARIANTS[name](graph, batch))
+            taps = VARIANTS[name](graph, batch)
+            fusions = depthwise_kernels(graph, exclude=taps) if name in ON_TRITON else None
+            module = to_fx(graph, quantized_gemms=True, depthwise_taps=taps, fusions=fusions)
             replays[name, batch], outputs[name, batch], first_calls[name, batch] = engine_replay(module, graph, batch)
             print(f"{arch} b{batch} {name}: compiled ({time.perf_counter() - started:.0f} s)", flush=True)
     if compile_only:

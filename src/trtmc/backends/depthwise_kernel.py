@@ -1,0 +1,124 @@
+"""A depthwise convolution and its bias as one Triton kernel, for the compiled CUDA engine: a lever of issue 12
+waiting for its measurement (tools/depthwise_taps_probe.py's `triton depthwise` variant), not yet in any build.
+
+At batch 1 cuDNN runs each depthwise convolution in ~8 us (edgenext_small's 13 launches of `conv2d_c1_k1_nhwc`:
+106 us of its 514, run 19), several times what the map's bytes need; the taps (`torch_lowering._depthwise_taps`)
+are fast there but unroll kh * kw strided reads for Inductor to fuse, whose compile time capped them at 5x5
+(run 16). This kernel reads the channels-last map once per tap from each program's tile of output pixels and
+channels, accumulates in float32 and rounds once, whatever the kernel size: one compile per shape, not per tap.
+
+`trtmc::depthwise_conv2d` is the custom op Inductor keeps as one extern call; on a CPU it computes the same
+function with `F.conv2d` in float32 (the tests compare the kernel with it under Triton's interpreter).
+"""
+
+# No `from __future__ import annotations`: `torch.library.custom_op` reads the op's signature from its annotations.
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from ..graph import Graph, Node
+from .torch_lowering import is_depthwise
+
+BLOCK_PIXELS, BLOCK_CHANNELS = 32, 64  # a tile: 32 output pixels x 64 channels (128 contiguous bytes in fp16)
+
+
+@triton.jit
+def _depthwise_kernel(
+    x_ptr, w_ptr, b_ptr, out_ptr, pixels, height, width, channels, out_height, out_width,
+    stride_h: tl.constexpr, stride_w: tl.constexpr, top: tl.constexpr, left: tl.constexpr,
+    dilation_h: tl.constexpr, dilation_w: tl.constexpr, kh: tl.constexpr, kw: tl.constexpr,
+    has_bias: tl.constexpr, block_p: tl.constexpr, block_c: tl.constexpr,
+):
+    # x and out channels-last: (n, h, w, c) at ((n * H + h) * W + w) * C + c; the weight [C, kh * kw].
+    p = tl.program_id(0) * block_p + tl.arange(0, block_p)
+    c = tl.program_id(1) * block_c + tl.arange(0, block_c)
+    n, rest = p // (out_height * out_width), p % (out_height * out_width)
+    oh, ow = rest // out_width, rest % out_width
+    in_p, in_c = p < pixels, c < channels
+    acc = tl.zeros((block_p, block_c), dtype=tl.float32)
+    for i in tl.static_range(kh):
+        ih = oh * stride_h - top + i * dilation_h
+        for j in tl.static_range(kw):
+            iw = ow * stride_w - left + j * dilation_w
+            inside = in_p & (ih >= 0) & (ih < height) & (iw >= 0) & (iw < width)
+            row = ((n * height + ih) * width + iw) * channels
+            x = tl.load(x_ptr + row[:, None] + c[None, :], mask=inside[:, None] & in_c[None, :], other=0.0)
+            tap = tl.load(w_ptr + c * (kh * kw) + (i * kw + j), mask=in_c, other=0.0)
+            acc += x.to(tl.float32) * tap.to(tl.float32)[None, :]
+    if has_bias:
+        acc += tl.load(b_ptr + c, mask=in_c, other=0.0).to(tl.float32)[None, :]
+    out = out_ptr + p[:, None] * channels + c[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=in_p[:, None] & in_c[None, :])
+
+
+def depthwise_conv2d_triton(
+    x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+    stride: list[int], origin: list[int], dilation: list[int], out_size: list[int],
+) -> torch.Tensor:
+    """The kernel's launch: x [N, C, H, W] (read channels-last), weight [C, 1, kh, kw], the output [N, C, *out_size]
+    channels-last; `origin` is the (top, left) padding, the bottom and right ones following from `out_size`."""
+    n, channels, height, width = x.shape
+    x = x.contiguous(memory_format=torch.channels_last)
+    taps = weight.reshape(channels, -1).contiguous()
+    out = torch.empty((n, channels, *out_size), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
+    pixels = n * out_size[0] * out_size[1]
+    grid = (triton.cdiv(pixels, BLOCK_PIXELS), triton.cdiv(channels, BLOCK_CHANNELS))
+    _depthwise_kernel[grid](
+        x, taps, taps if bias is None else bias, out, pixels, height, width, channels, out_size[0], out_size[1],
+        stride[0], stride[1], origin[0], origin[1], dilation[0], dilation[1], weight.shape[2], weight.shape[3],
+        bias is not None, BLOCK_PIXELS, BLOCK_CHANNELS,
+    )
+    return out
+
+
+def _reference(x, weight, bias, stride, origin, dilation, out_size) -> torch.Tensor:
+    """The kernel's function with `F.conv2d`: float32 products and sums, one rounding; channels-last out."""
+    kh, kw = weight.shape[2:]
+    bottom = (out_size[0] - 1) * stride[0] + dilation[0] * (kh - 1) + 1 - x.shape[2] - origin[0]
+    right = (out_size[1] - 1) * stride[1] + dilation[1] * (kw - 1) + 1 - x.shape[3] - origin[1]
+    padded = F.pad(x.float(), (origin[1], right, origin[0], bottom))
+    y = F.conv2d(padded, weight.float(), None if bias is None else bias.float(), stride, 0, dilation, x.shape[1])
+    return y.to(x.dtype).contiguous(memory_format=torch.channels_last)
+
+
+@torch.library.custom_op("trtmc::depthwise_conv2d", mutates_args=())
+def depthwise_conv2d(
+    x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+    stride: list[int], origin: list[int], dilation: list[int], out_size: list[int],
+) -> torch.Tensor:
+    """conv2d(x, weight, groups=C) + bias as one Triton kernel on CUDA; channels-last out."""
+    if x.is_cuda:
+        return depthwise_conv2d_triton(x, weight, bias, stride, origin, dilation, out_size)
+    return _reference(x, weight, bias, stride, origin, dilation, out_size)
+
+
+@depthwise_conv2d.register_fake
+def _depthwise_conv2d_fake(x, weight, bias, stride, origin, dilation, out_size):
+    return torch.empty((x.shape[0], x.shape[1], *out_size), dtype=x.dtype, device=x.device,
+                       memory_format=torch.channels_last)
+
+
+@dataclass(frozen=True)
+class DepthwiseKernel:
+    """A depthwise convolution node computed by `trtmc::depthwise_conv2d` (a `torch_lowering` fusion of one
+    node: nothing absorbed)."""
+
+    convolution: Node
+    absorbed: frozenset = frozenset()
+
+    def lower(self, values: dict[str, torch.Tensor], w: Callable[[str], torch.Tensor]) -> torch.Tensor:
+        a = self.convolution.attrs
+        top, left, _, _ = a.padding
+        bias = w(a.bias) if a.bias else None
+        return torch.ops.trtmc.depthwise_conv2d(
+            values[self.convolution.inputs[0]], w(a.weight), bias, list(a.stride), [top, left], list(a.dilation),
+            list(self.convolution.type.shape[2:]))
+
+
+def depthwise_kernels(graph: Graph, exclude: frozenset[str] = frozenset()) -> dict[str, DepthwiseKernel]:
+    """Every depthwise convolution of the graph not in `exclude` (those run as taps), keyed by its name."""
+    return {n.name: DepthwiseKernel(n) for n in graph.nodes if is_depthwise(n, graph) and n.name not in exclude}

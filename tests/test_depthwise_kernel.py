@@ -1,0 +1,100 @@
+"""The Triton depthwise convolution (`trtmc.backends.depthwise_kernel`): the kernel itself against `F.conv2d`
+under Triton's interpreter (a CPU runs it there), and the custom op a graph lowers its depthwise convolutions to.
+
+Its speed against cuDNN and the taps is the GPU's to say (tools/depthwise_taps_probe.py, `triton depthwise`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+from trtmc.backends.depthwise_kernel import depthwise_kernels
+from trtmc.backends.torch_lowering import GraphModule, to_fx
+from trtmc.graph_builder import GraphBuilder
+from trtmc.passes.precision import PrecisionPolicy, assign_precision
+
+# (kernel, stride (h, w), padding (top, left, bottom, right), dilation (h, w), channels, bias): one 64-channel tile
+# exactly, TF "SAME" padding at stride 2, a 7x7 kernel over two channel tiles, dilation, a width no tile divides,
+# and rows and columns told apart (padding, stride and dilation each differing between them).
+CASES = [
+    (3, (1, 1), (1, 1, 1, 1), (1, 1), 64, True),
+    (5, (2, 2), (1, 1, 2, 2), (1, 1), 40, True),
+    (7, (1, 1), (3, 3, 3, 3), (1, 1), 96, False),
+    (3, (1, 1), (2, 2, 2, 2), (2, 2), 17, True),
+    (3, (2, 2), (0, 0, 1, 1), (1, 1), 8, False),
+    (3, (1, 2), (0, 2, 2, 0), (2, 1), 24, True),
+]
+
+_INTERPRETED = textwrap.dedent("""
+    import json, sys
+    import torch
+    import torch.nn.functional as F
+    from trtmc.backends.depthwise_kernel import depthwise_conv2d_triton
+
+    errors = []
+    for kernel, stride, (top, left, bottom, right), dilation, channels, bias in json.loads(sys.argv[1]):
+        gen = torch.Generator().manual_seed(kernel * channels)
+        x = torch.randn(2, channels, 13, 11, generator=gen)
+        w = torch.randn(channels, 1, kernel, kernel, generator=gen)
+        b = torch.randn(channels, generator=gen) if bias else None
+        expected = F.conv2d(F.pad(x, (left, right, top, bottom)), w, b, stride, 0, dilation, channels)
+        row = {}
+        for dtype in (torch.float32, torch.float16):
+            out = depthwise_conv2d_triton(x.to(dtype), w.to(dtype), None if b is None else b.to(dtype),
+                                          stride, [top, left], dilation, list(expected.shape[2:]))
+            assert out.is_contiguous(memory_format=torch.channels_last) and out.dtype is dtype
+            exact = F.conv2d(F.pad(x.to(dtype).float(), (left, right, top, bottom)), w.to(dtype).float(),
+                             None if b is None else b.to(dtype).float(), stride, 0, dilation, channels)
+            row[str(dtype)] = float((out.float() - exact).abs().max() / exact.abs().max())
+        errors.append(row)
+    print(json.dumps(errors))
+""")
+
+
+def test_the_triton_kernel_computes_the_depthwise_convolution_under_the_interpreter():
+    # fp32: the same sums in another order; fp16: float32 sums of the half values, rounded once (2^-11).
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", _INTERPRETED, json.dumps(CASES)], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    errors = json.loads(done.stdout.splitlines()[-1])
+    assert len(errors) == len(CASES)
+    for case, row in zip(CASES, errors):
+        assert row["torch.float32"] < 1e-6 and row["torch.float16"] < 2.0**-11, (case, row)
+
+
+def _depthwise_graph(case):
+    kernel, stride, padding, dilation, channels, bias = case
+    rng = np.random.default_rng(kernel + channels)
+    g = GraphBuilder()
+    x = g.input("pixels", (1, channels, 13, 11))
+    y = g.conv2d(x, "blocks.0.conv_dw", rng.standard_normal((channels, 1, kernel, kernel)),
+                 rng.standard_normal(channels) if bias else None, stride=stride, padding=padding, dilation=dilation,
+                 groups=channels)
+    g.output(g.conv2d(y, "blocks.0.conv_pw", rng.standard_normal((4, channels, 1, 1))))
+    return assign_precision(g.finish(), PrecisionPolicy("fp32"))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_graph_lowered_to_the_depthwise_op_computes_what_the_graph_does(case):
+    graph = _depthwise_graph(case)
+    kernels = depthwise_kernels(graph)
+    assert set(kernels) == {"blocks.0.conv_dw"}  # the 1x1 convolution is not depthwise
+    pixels = torch.from_numpy(np.random.default_rng(1).standard_normal((2, case[4], 13, 11)).astype(np.float32))
+    with torch.no_grad():
+        assert torch.allclose(GraphModule(graph, fusions=kernels)(pixels), GraphModule(graph)(pixels), rtol=1e-5, atol=1e-5)
+
+
+def test_the_traced_module_calls_the_op_once_per_depthwise_convolution_and_taps_keep_theirs():
+    graph = _depthwise_graph(CASES[0])
+    calls = [n.target for n in to_fx(graph, fusions=depthwise_kernels(graph)).graph.nodes if n.op == "call_function"]
+    assert calls.count(torch.ops.trtmc.depthwise_conv2d) == 1 and calls.count(torch.conv2d) == 1  # the 1x1 one
+    assert depthwise_kernels(graph, exclude=frozenset({"blocks.0.conv_dw"})) == {}
