@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from trtmc.random_weights import calibrate_on_photos
 from trtmc.random_weights import load_timm_model as load_timm  # the parity reference: timm holding the weights
@@ -219,3 +220,20 @@ def watch_load_options(monkeypatch, backend_name: str) -> list:
 
     monkeypatch.setattr(backend, "load", load)
     return asked
+
+
+class DispatchedOps(TorchDispatchMode):
+    """Records the aten ops torch dispatches while active, each as (op, the last-dim strides of its tensor
+    arguments): what an eager run copies (`aten::clone`), and what strides a kernel was handed."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[tuple[str, tuple[int, ...]]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls.append((func.name(), tuple(a.stride(-1) for a in args if isinstance(a, torch.Tensor))))
+        return func(*args, **(kwargs or {}))
+
+    def named(self, fragment: str) -> list[tuple[int, ...]]:
+        """The strides of each call to an op whose name holds `fragment`."""
+        return [strides for name, strides in self.calls if fragment in name]

@@ -12,9 +12,8 @@ import json
 import numpy as np
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from support import relative_error
+from support import DispatchedOps, relative_error
 from trtmc.backends.torch_lowering import GraphModule, to_fx
 from trtmc.checkpoint import Checkpoint
 from trtmc.graph import DType, Graph, GraphError, OpKind
@@ -184,19 +183,6 @@ def test_attention_refuses_operands_and_biases_that_do_not_fit(shapes, bias, mat
         g.attention(q, k, v, "attn", scale=0.25, bias=None if bias is None else np.zeros(bias))
 
 
-class _AttentionStrides(TorchDispatchMode):
-    """The last-dim strides of q, k and v at every attention kernel torch dispatches to."""
-
-    def __init__(self):
-        super().__init__()
-        self.seen = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if "scaled_dot_product" in func.name():
-            self.seen.append(tuple(t.stride(-1) for t in args[:3]))
-        return func(*args, **(kwargs or {}))
-
-
 def test_attention_over_rows_strided_in_memory_hands_the_kernel_row_major_rows():
     # q, k, v [N, heads, rows, row_length] read across the transposed input, as edgenext's cross-covariance
     # attention reads its qkv projection: torch's fused kernels refuse rows of stride 2 * HEADS * TOKENS
@@ -208,9 +194,9 @@ def test_attention_over_rows_strided_in_memory_hands_the_kernel_row_major_rows()
     g.output(g.attention(q, k, v, "attn", scale=1.0))
     graph = assign_precision(g.finish(), PrecisionPolicy("fp32"))
     pixels = torch.randn(2, TOKENS, 3 * HEADS * HEAD_DIM).transpose(1, 2)  # the input itself strided
-    with torch.no_grad(), _AttentionStrides() as strides:
+    with torch.no_grad(), DispatchedOps() as ops:
         out = to_fx(graph)(pixels)
-    assert strides.seen == [(1, 1, 1)]
+    assert [strides[:3] for strides in ops.named("scaled_dot_product")] == [(1, 1, 1)]
     q, k, v = pixels.double().reshape(2, 3, HEADS, HEAD_DIM, TOKENS).unbind(1)
     expected = torch.softmax(q @ k.transpose(-1, -2), -1) @ v
     assert relative_error(out, expected) < 1e-5  # fp32 over unscaled scores of a few units

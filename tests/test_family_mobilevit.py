@@ -9,9 +9,9 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from support import (
+    DispatchedOps,
     assert_refused_before_weights_load,
     forbid_weight_reads,
     fp32_relative_error,
@@ -62,18 +62,6 @@ def test_heads_are_padded_to_a_multiple_of_8_and_keep_their_own_scale(timm_check
     assert graph.node("stages.3.1.transformer.0.attn.proj").type.shape == (1, 64, 4, 80)
 
 
-class _LayoutCopies(TorchDispatchMode):
-    """Counts the copies torch makes to give a tensor a new layout (what `reshape` does when a view cannot)."""
-
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += func is torch.ops.aten.clone.default
-        return func(*args, **(kwargs or {}))
-
-
 def test_attention_reads_its_heads_and_writes_its_output_as_views_of_the_tokens(timm_checkpoint):
     # Only the unfold and the fold of each MobileViT block copy; the positions joining the heads axis cost
     # none (two copies per attention before the token layout put the positions inside the patches).
@@ -81,9 +69,9 @@ def test_attention_reads_its_heads_and_writes_its_output_as_views_of_the_tokens(
     _, graph = build_graph(ckpt)
     blocks = [b for b in derive_layout(ckpt, FAMILY.architectures[SMALLEST]).blocks if isinstance(b, MobileViTBlock)]
     module = to_fx(graph).eval()
-    with torch.no_grad(), _LayoutCopies() as copies:
+    with torch.no_grad(), DispatchedOps() as ops:
         module(torch.rand(1, *graph.inputs[0].type.shape[1:]))
-    assert (len(blocks), copies.count) == (3, 2 * 3)
+    assert (len(blocks), len(ops.named("aten::clone"))) == (3, 2 * 3)
 
 
 def _sharpen_attention(state):

@@ -165,13 +165,19 @@ def _fold(g: GraphBuilder, x: Tensor, patch: int, size: tuple[int, int], source:
 HEAD_ALIGNMENT = 8
 
 
+def _zero_padded(t: np.ndarray, axis: int, size: int) -> np.ndarray:
+    """`t` with zeros appended along `axis` up to `size`."""
+    widths = [(0, 0)] * t.ndim
+    widths[axis] = (0, size - t.shape[axis])
+    return np.pad(t, widths)
+
+
 def _padded_qkv(ckpt: Checkpoint, prefix: str, heads: int, padded: int) -> tuple[np.ndarray, np.ndarray | None]:
     """`prefix.qkv`'s weight and bias with their output features reordered from timm's (q|k|v, head, head_dim)
     to (head, q|k|v, head_dim), each head's q, k and v padded with zero features to `padded` wide."""
 
     def by_head(t: np.ndarray) -> np.ndarray:
-        t = t.reshape(3, heads, -1, *t.shape[1:])
-        t = np.pad(t, [(0, 0), (0, 0), (0, padded - t.shape[2])] + [(0, 0)] * (t.ndim - 3))
+        t = _zero_padded(t.reshape(3, heads, -1, *t.shape[1:]), 2, padded)
         return np.ascontiguousarray(t.swapaxes(0, 1).reshape(-1, *t.shape[3:]))
 
     bias = f"{prefix}.bias"
@@ -181,8 +187,7 @@ def _padded_qkv(ckpt: Checkpoint, prefix: str, heads: int, padded: int) -> tuple
 def _padded_proj(ckpt: Checkpoint, prefix: str, heads: int, padded: int) -> tuple[np.ndarray, np.ndarray | None]:
     """`prefix.proj`'s weight reading heads `padded` wide (zero weights for the padding) and its bias."""
     weight = ckpt.tensor(f"{prefix}.weight")
-    weight = weight.reshape(weight.shape[0], heads, -1)
-    weight = np.pad(weight, [(0, 0), (0, 0), (0, padded - weight.shape[2])]).reshape(weight.shape[0], -1)
+    weight = _zero_padded(weight.reshape(weight.shape[0], heads, -1), 2, padded).reshape(weight.shape[0], -1)
     bias = f"{prefix}.bias"
     return weight, ckpt.tensor(bias) if bias in ckpt else None
 
