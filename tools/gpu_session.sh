@@ -20,6 +20,12 @@
 #                with the GELU in their epilogue for vit_base_patch16_224 and convnext_tiny, then Triton convolution
 #                templates for resnet50, each against the expert at batch 1 and 128, one model at a time (an equal
 #                share of the time left each); results in templates/ARCH.json after every batch size
+#   dwtriton     tools/depthwise_taps_probe.py: the engine against the engine with every depthwise convolution it
+#                leaves to cuDNN on trtmc's Triton kernel (`trtmc.backends.depthwise_kernel`, in no build yet), batch
+#                1 and 128, for the four entries whose depthwise convolutions cuDNN still runs at batch 1
+#                (edgenext_small's and convnext_tiny's 7x7, efficientnet_b0's and ghostnet_100's feeding
+#                squeeze-excite means); compiled in parallel first, then timed one model at a time, an equal share
+#                of the time left each; results in dwtriton/ARCH.json
 #   pdl          tools/autotune_probe.py's `pdl` variant (Inductor's programmatic dependent launch, never yet run on
 #                the GPU) against the expert for ghostnet_100 and efficientnet_b0 at batch 1 (where they are
 #                launch-bound; ~70 s a model from cold caches), an equal share of the time left each; `pdl128` the same
@@ -175,6 +181,23 @@ taps() {
     for arch in $archs; do
         timeout 150 python3 tools/depthwise_taps_probe.py "$RESULTS/taps" "$arch" >>"$LOG" 2>&1
         echo "taps $arch: $?" >>"$LOG"
+    done
+}
+
+dwtriton() {
+    local archs=${DWTRITON_ARCHS:-"edgenext_small convnext_tiny efficientnet_b0 ghostnet_100"} arch n
+    local variants=(--batch 1 --batch 128 --variant "the engine" --variant "the engine, the rest triton")
+    for arch in $archs; do
+        TORCHINDUCTOR_COMPILE_THREADS=4 timeout 240 python3 tools/depthwise_taps_probe.py "$RESULTS/dwtriton" "$arch" \
+            "${variants[@]}" --compile-only >"$WORK/dwtriton-compile-$arch.log" 2>&1 &
+    done
+    wait
+    tail -n 3 "$WORK"/dwtriton-compile-*.log >>"$LOG"
+    n=$(wc -w <<<"$archs")
+    for arch in $archs; do
+        timeout $(($(left) / n)) python3 tools/depthwise_taps_probe.py "$RESULTS/dwtriton" "$arch" "${variants[@]}" >>"$LOG" 2>&1
+        echo "dwtriton $arch: $?" >>"$LOG"
+        n=$((n - 1))
     done
 }
 
