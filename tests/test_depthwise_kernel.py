@@ -17,6 +17,9 @@ import pytest
 import torch
 
 from trtmc.backends.depthwise_kernel import depthwise_kernels
+from trtmc.backends.inductor_lowerings import (
+    DEPTHWISE_KERNEL_AT_BUILD, KERNEL, LOWERINGS, PLAIN, Lowering, compile_cuda, lowering_candidates,
+)
 from trtmc.backends.torch_lowering import GraphModule, to_fx
 from trtmc.graph_builder import GraphBuilder
 from trtmc.passes.precision import PrecisionPolicy, assign_precision
@@ -98,3 +101,63 @@ def test_the_traced_module_calls_the_op_once_per_depthwise_convolution_and_taps_
     calls = [n.target for n in to_fx(graph, fusions=depthwise_kernels(graph)).graph.nodes if n.op == "call_function"]
     assert calls.count(torch.ops.trtmc.depthwise_conv2d) == 1 and calls.count(torch.conv2d) == 1  # the 1x1 one
     assert depthwise_kernels(graph, exclude=frozenset({"blocks.0.conv_dw"})) == {}
+
+
+def _depthwise_stack(blocks: int, kernel: int, precision: str = "fp32"):
+    """`blocks` depthwise convolutions of one kernel size, each followed by a 1x1 one, as in a ConvNeXt stage."""
+    rng = np.random.default_rng(blocks * kernel)
+    g = GraphBuilder()
+    y = g.input("pixels", (1, 16, 12, 12))
+    for i in range(blocks):
+        y = g.conv2d(y, f"blocks.{i}.conv_dw", rng.standard_normal((16, 1, kernel, kernel)) / kernel,
+                     rng.standard_normal(16), padding=kernel // 2, groups=16)
+        y = g.conv2d(y, f"blocks.{i}.conv_pw", rng.standard_normal((16, 16, 1, 1)) / 4)
+    g.output(y)
+    return assign_precision(g.finish(), PrecisionPolicy(precision))
+
+
+def test_the_depthwise_kernel_lowering_is_offered_at_batch_1_where_cudnn_would_run_four_depthwise_convolutions():
+    # 7x7 kernels are wider than the taps take (TAPS_MAX_KERNEL), so cuDNN would run all four at batch 1.
+    graph = _depthwise_stack(4, 7)
+    offered = lowering_candidates(graph, 1, depthwise_kernel=True)
+    assert list(offered) == [PLAIN, KERNEL] and offered[KERNEL].depthwise_kernel
+    assert offered[KERNEL].taps == offered[PLAIN].taps == frozenset()
+    assert list(lowering_candidates(graph, 8, depthwise_kernel=True)) == [PLAIN]  # batch 1 only, until measured
+    assert list(lowering_candidates(_depthwise_stack(3, 7), 1, depthwise_kernel=True)) == [PLAIN]  # too few to pay
+    assert list(lowering_candidates(_depthwise_stack(4, 3), 1, depthwise_kernel=True)) == [PLAIN]  # all taps there
+
+
+def test_a_build_does_not_time_the_depthwise_kernel_until_the_gpu_has_measured_it():
+    assert not DEPTHWISE_KERNEL_AT_BUILD
+    assert list(lowering_candidates(_depthwise_stack(4, 7), 1)) == [PLAIN]
+
+
+def test_the_depthwise_kernel_lowering_computes_what_the_plain_one_does():
+    graph = _depthwise_stack(4, 7)
+    lowerings = lowering_candidates(graph, 1, depthwise_kernel=True)
+    pixels = torch.rand((1, 16, 12, 12), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        kernel = lowerings[KERNEL].module(graph, torch.device("cpu"))
+        calls = [n.target for n in kernel.graph.nodes if n.op == "call_function"]
+        assert calls.count(torch.ops.trtmc.depthwise_conv2d) == 4
+        assert torch.allclose(kernel(pixels), lowerings[PLAIN].module(graph, torch.device("cpu"))(pixels),
+                              rtol=1e-5, atol=1e-5)
+
+
+def test_a_lowering_is_never_both_cudnn_fused_and_on_the_depthwise_kernel():
+    with pytest.raises(ValueError, match="not both"):
+        Lowering(frozenset(), frozenset(), fused=True, depthwise_kernel=True)
+
+
+@pytest.mark.slow
+def test_an_engine_whose_build_chose_the_depthwise_kernel_runs_it_whatever_the_build_default():
+    # torch.compile runs on the CPU too (the custom op an extern call, its CPU path F.conv2d): the record's choice is
+    # honoured at load even though builds do not offer the candidate yet.
+    graph = _depthwise_stack(4, 7, "fp16")
+    compiled = compile_cuda(graph, {LOWERINGS: {"1": {"chosen": KERNEL}}})
+    pixels = torch.rand((1, 16, 12, 12), generator=torch.Generator().manual_seed(3)).half()
+    with torch.no_grad():
+        out = compiled(pixels.contiguous(memory_format=torch.channels_last))
+        expected = GraphModule(graph, fusions=depthwise_kernels(graph))(pixels)
+    assert torch.allclose(out.float(), expected.float(), rtol=2e-3, atol=2e-3)
+    assert [lowering.depthwise_kernel for lowering in compiled._by_lowering] == [True]

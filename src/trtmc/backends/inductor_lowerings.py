@@ -3,7 +3,9 @@ the compiled graph that runs the chosen one.
 
 The plain lowering runs depthwise convolutions as fused taps and 1x1 convolutions on 1x1 maps as products
 where those measured faster (`torch_lowering`); the cuDNN-fused one also runs each half-precision convolution
-with its bias, residual add and ReLU as one cuDNN call (`fused_convolutions`). A build compiles each
+with its bias, residual add and ReLU as one cuDNN call (`fused_convolutions`); the depthwise-kernel one runs
+the depthwise convolutions the plain one leaves to cuDNN on trtmc's Triton kernel (`depthwise_kernel`; offered
+once `DEPTHWISE_KERNEL_AT_BUILD` is on). A build compiles each
 candidate, replays it in a CUDA graph, times them interleaved under the GPU's timing lock (`gpu_lock`) and
 records the choice in the engine's record (`LOWERINGS`); loading compiles the recorded one from the caches.
 """
@@ -27,7 +29,7 @@ log = logging.getLogger(__name__)
 
 LOWERINGS = "lowerings"  # the engine record's key: per batch size, the lowering chosen at build and why
 INDUCTOR_OPTIONS = "inductor_options"  # the engine record's key: the Inductor options the build compiled with
-PLAIN, FUSED = "plain", "cudnn-fused"
+PLAIN, FUSED, KERNEL = "plain", "cudnn-fused", "depthwise-kernel"
 # A candidate replaces the plain lowering only when its quickest replay is at least this much faster: two
 # compiles of the same graph time within ~1% of each other (benchmarks/NOTES.md, run 6).
 MIN_GAIN = 0.01
@@ -39,6 +41,15 @@ MIN_GAIN = 0.01
 # benchmarks/NOTES.md, ninth session).
 LAUNCH_DEPENDENTS_EARLY = False
 PDL = "triton.enable_pdl"
+
+# trtmc's Triton depthwise kernel (`depthwise_kernel`) as a candidate where cuDNN runs at least
+# `MIN_ON_KERNEL` depthwise convolutions at batch sizes up to `DEPTHWISE_KERNEL_MAX_BATCH`: at batch 1 cuDNN takes
+# ~8 us for each (edgenext_small, run 19), a few times what the map's bytes need; fewer than 4 of them cannot
+# pay for the candidate's compile (~30 s of a build). Off until the GPU measures it (`gpu_session.sh dwtriton`;
+# benchmarks/NOTES.md, run 20's plan): a build then times it against the plain lowering and keeps the faster.
+DEPTHWISE_KERNEL_AT_BUILD = False
+DEPTHWISE_KERNEL_MAX_BATCH = 1
+MIN_ON_KERNEL = 4
 
 
 def inductor_options(capability: tuple[int, int]) -> dict[str, Any]:
@@ -65,32 +76,52 @@ def known_options(options: Mapping[str, Any]) -> dict[str, Any]:
 @dataclass(frozen=True)
 class Lowering:
     """How the CUDA engine lowers the graph at one batch size: the depthwise convolutions run as taps, the
-    1x1 convolutions on 1x1 maps as products, and (`fused`) each convolution with its bias, residual add and
-    ReLU as one cuDNN call (`fused_convolutions`)."""
+    1x1 convolutions on 1x1 maps as products, and either (`fused`) each convolution with its bias, residual add
+    and ReLU as one cuDNN call (`fused_convolutions`) or (`depthwise_kernel`) the depthwise convolutions that are
+    not taps on trtmc's Triton kernel (`depthwise_kernel`)."""
 
     taps: frozenset[str]
     products: frozenset[str]
     fused: bool = False
+    depthwise_kernel: bool = False
+
+    def __post_init__(self) -> None:
+        if self.fused and self.depthwise_kernel:
+            raise ValueError("a lowering runs its convolutions fused by cuDNN or its depthwise ones on trtmc's "
+                             "kernel, not both: no build times that pair")
 
     def module(self, graph: Graph, device: torch.device) -> torch.nn.Module:
-        fusions = fused_convolutions(graph, exclude=self.taps | self.products) if self.fused else None
+        fusions = None
+        if self.fused:
+            fusions = fused_convolutions(graph, exclude=self.taps | self.products)
+        elif self.depthwise_kernel:
+            from .depthwise_kernel import depthwise_kernels  # imports Triton: only where this lowering runs
+
+            fusions = depthwise_kernels(graph, exclude=self.taps)
         fx = to_fx(graph, quantized_gemms=True, depthwise_taps=self.taps, vector_products=self.products, fusions=fusions)
         return channels_last_weights(fx.eval().to(device), graph)
 
 
-def lowering_candidates(graph: Graph, batch: int) -> dict[str, Lowering]:
+def lowering_candidates(graph: Graph, batch: int, depthwise_kernel: bool | None = None) -> dict[str, Lowering]:
     """The lowerings a build times at `batch`: the plain one (taps and products where measured faster, run 9
     and 11) and, where the graph has ReLUs after half-precision convolutions, the same with those fused, except
     where the plain lowering runs most depthwise convolutions as taps (at batch 1): there the ReLU before a
     depthwise convolution already fuses into its taps' kernel. Run 13 measured the fused candidate there faster
     on 2 of 7 networks, by at most 4% (ghostnet_100 0.320 -> 0.313 ms, mobilenetv4_conv_small 0.145 -> 0.139),
-    and slower on the other 5, for a second compile of the graph (ghostnet_100: 43 s of a 139 s build)."""
+    and slower on the other 5, for a second compile of the graph (ghostnet_100: 43 s of a 139 s build).
+    `depthwise_kernel` (default `DEPTHWISE_KERNEL_AT_BUILD`; a loaded engine passes True, so that a bundle whose
+    build chose it runs it) also offers the depthwise-kernel lowering up to `DEPTHWISE_KERNEL_MAX_BATCH` where
+    cuDNN would run at least `MIN_ON_KERNEL` depthwise convolutions."""
     plain = Lowering(depthwise_taps_nodes(graph, batch), vector_product_nodes(graph, batch))
     candidates = {PLAIN: plain}
-    depthwise = sum(1 for node in graph.nodes if is_depthwise(node, graph))
-    mostly_taps = depthwise > 0 and 2 * len(plain.taps) >= depthwise
+    depthwise = [node.name for node in graph.nodes if is_depthwise(node, graph)]
+    mostly_taps = bool(depthwise) and 2 * len(plain.taps) >= len(depthwise)
     if not mostly_taps and fused_convolutions(graph, exclude=plain.taps | plain.products):
         candidates[FUSED] = Lowering(plain.taps, plain.products, fused=True)
+    on_cudnn = len(set(depthwise) - plain.taps)
+    offered = DEPTHWISE_KERNEL_AT_BUILD if depthwise_kernel is None else depthwise_kernel
+    if offered and batch <= DEPTHWISE_KERNEL_MAX_BATCH and on_cudnn >= MIN_ON_KERNEL:
+        candidates[KERNEL] = Lowering(plain.taps, plain.products, depthwise_kernel=True)
     return candidates
 
 
@@ -209,7 +240,7 @@ class CompiledCuda:
         batch = pixels.shape[0]
         if batch in self._by_batch:
             return self._by_batch[batch](pixels)
-        candidates = lowering_candidates(self._graph, batch)
+        candidates = lowering_candidates(self._graph, batch, depthwise_kernel=True)
         name = self._chosen.get(batch, PLAIN)
         if name not in candidates:
             raise RuntimeError(f"the engine was built with the {name!r} lowering at batch {batch}, which this "
