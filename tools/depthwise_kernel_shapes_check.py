@@ -15,26 +15,20 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import torch
 
 from trtmc.backends.depthwise_kernel import depthwise_conv2d, depthwise_conv2d_triton, depthwise_kernels
 from trtmc.backends.torch_lowering import depthwise_taps_nodes
-from trtmc.build import prepare_graph
-from trtmc.checkpoint import open_checkpoint
-from trtmc.passes.precision import PrecisionPolicy, assign_precision
-from trtmc.random_weights import save_random_checkpoint
+
+from probe_common import random_fp16_graph
 
 ONE_ROUNDING = 2.0**-10
 
 
 def check(arch: str, batch: int) -> bool:
-    with tempfile.TemporaryDirectory() as tmp:
-        graph = prepare_graph(open_checkpoint(save_random_checkpoint(arch, Path(tmp) / arch)), "fp32").graph
-    graph = assign_precision(graph, PrecisionPolicy("fp16"))
+    graph = random_fp16_graph(arch)
     seen, good = set(), True
     for name, kernel in depthwise_kernels(graph, exclude=depthwise_taps_nodes(graph, batch)).items():
         node, a = kernel.convolution, kernel.convolution.attrs

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 import time
 from pathlib import Path
 
@@ -32,12 +31,8 @@ from trtmc.backends.depthwise_kernel import depthwise_kernels
 from trtmc.backends.torch_lowering import depthwise_taps_nodes, to_fx
 from trtmc.bench.spec import TimingProtocol
 from trtmc.bench.timing import CudaEventClock, TimedCall, time_interleaved
-from trtmc.build import prepare_graph
-from trtmc.checkpoint import open_checkpoint
-from trtmc.passes.precision import PrecisionPolicy, assign_precision
-from trtmc.random_weights import save_random_checkpoint
 
-from probe_common import engine_replay, kernels
+from probe_common import engine_replay, kernels, random_fp16_graph
 
 UNCAPPED = 9  # the widest depthwise kernel of the bench's networks (mixnet_s); the engine's choice until run 16
 
@@ -76,9 +71,7 @@ def main() -> None:
 
 def probe(arch: str, batches: list[int], out: Path, compile_only: bool, variants: list[str]) -> None:
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp:
-        prepared = prepare_graph(open_checkpoint(save_random_checkpoint(arch, Path(tmp) / arch)), "fp32")
-    graph = assign_precision(prepared.graph, PrecisionPolicy("fp16"))
+    graph = random_fp16_graph(arch)
     replays, outputs, first_calls = {}, {}, {}
     for batch in batches:
         for name in variants:

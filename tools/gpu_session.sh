@@ -15,7 +15,8 @@
 #   resizecheck  tools/device_resize_check.py: the folder pipeline's GPU resize against its worker resize (logits
 #                bit for bit on the photos and noise of awkward sizes, page-locked slots, images/s over 2,002 files)
 #   taps         tools/depthwise_taps_probe.py: depthwise convolutions as fused taps against cuDNN's, ghostnet_100 and
-#                efficientnet_b0 at batch 1 and 128 (compiled in parallel first, then timed one model at a time)
+#                efficientnet_b0 at batch 1 and 128 (compiled in parallel first, then timed one model at a time, an
+#                equal share of the time left each)
 #   templates    tools/autotune_probe.py (issue 12's template levers, never yet run on the GPU): Triton GEMM templates
 #                with the GELU in their epilogue for vit_base_patch16_224 and convnext_tiny, then Triton convolution
 #                templates for resnet50, each against the expert at batch 1 and 128, one model at a time (an equal
@@ -170,35 +171,28 @@ resizecheck() {
     echo "resize check: $?" >>"$LOG"
 }
 
-taps() {
-    local archs=${TAPS_ARCHS:-"ghostnet_100 efficientnet_b0"}
+depthwise_probe() {  # FOLDER THREADS "ARCH..." [PROBE ARGS...]: tools/depthwise_taps_probe.py compiled for every ARCH in
+    local folder=$1 threads=$2 archs=$3 arch n  # parallel (THREADS compile workers each), then each ARCH timed, an
+    shift 3                                     # equal share of the time left each; results in FOLDER/ARCH.json
     for arch in $archs; do
-        TORCHINDUCTOR_COMPILE_THREADS=8 timeout 240 python3 tools/depthwise_taps_probe.py "$RESULTS/taps" "$arch" \
-            --compile-only >"$WORK/taps-compile-$arch.log" 2>&1 &
+        TORCHINDUCTOR_COMPILE_THREADS=$threads timeout 240 python3 tools/depthwise_taps_probe.py "$RESULTS/$folder" \
+            "$arch" "$@" --compile-only >"$WORK/$folder-compile-$arch.log" 2>&1 &
     done
     wait
-    tail -n 3 "$WORK"/taps-compile-*.log >>"$LOG"
+    tail -n 3 "$WORK/$folder"-compile-*.log >>"$LOG"
+    n=$(wc -w <<<"$archs")
     for arch in $archs; do
-        timeout 150 python3 tools/depthwise_taps_probe.py "$RESULTS/taps" "$arch" >>"$LOG" 2>&1
-        echo "taps $arch: $?" >>"$LOG"
+        timeout $(($(left) / n)) python3 tools/depthwise_taps_probe.py "$RESULTS/$folder" "$arch" "$@" >>"$LOG" 2>&1
+        echo "$folder $arch: $?" >>"$LOG"
+        n=$((n - 1))
     done
 }
 
+taps() { depthwise_probe taps 8 "${TAPS_ARCHS:-ghostnet_100 efficientnet_b0}"; }
+
 dwtriton() {
-    local archs=${DWTRITON_ARCHS:-"edgenext_small convnext_tiny efficientnet_b0 ghostnet_100"} arch n
-    local variants=(--batch 1 --batch 128 --variant "the engine" --variant "the engine, the rest triton")
-    for arch in $archs; do
-        TORCHINDUCTOR_COMPILE_THREADS=4 timeout 240 python3 tools/depthwise_taps_probe.py "$RESULTS/dwtriton" "$arch" \
-            "${variants[@]}" --compile-only >"$WORK/dwtriton-compile-$arch.log" 2>&1 &
-    done
-    wait
-    tail -n 3 "$WORK"/dwtriton-compile-*.log >>"$LOG"
-    n=$(wc -w <<<"$archs")
-    for arch in $archs; do
-        timeout $(($(left) / n)) python3 tools/depthwise_taps_probe.py "$RESULTS/dwtriton" "$arch" "${variants[@]}" >>"$LOG" 2>&1
-        echo "dwtriton $arch: $?" >>"$LOG"
-        n=$((n - 1))
-    done
+    depthwise_probe dwtriton 4 "${DWTRITON_ARCHS:-edgenext_small convnext_tiny efficientnet_b0 ghostnet_100}" \
+        --batch 1 --batch 128 --variant "the engine" --variant "the engine, the rest triton"
 }
 
 build_mobilevit() {  # a mobilevit_s bundle (random weights) as `trtmc build` makes one, for miss_profile

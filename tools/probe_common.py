@@ -3,13 +3,26 @@ inductor engine compiles it and replayed in a CUDA graph, and the kernels of one
 
 from __future__ import annotations
 
+import tempfile
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import torch
 
 from trtmc.backends.inductor import feed_dtype
 from trtmc.backends.torch_lowering import channels_last_weights
+from trtmc.build import prepare_graph
+from trtmc.checkpoint import open_checkpoint
+from trtmc.passes.precision import PrecisionPolicy, assign_precision
+from trtmc.random_weights import save_random_checkpoint
+
+
+def random_fp16_graph(arch: str):
+    """timm's `arch` with random weights as `trtmc build` prepares it, in the fp16 policy's precisions."""
+    with tempfile.TemporaryDirectory() as tmp:
+        prepared = prepare_graph(open_checkpoint(save_random_checkpoint(arch, Path(tmp) / arch)), "fp32")
+    return assign_precision(prepared.graph, PrecisionPolicy("fp16"))
 
 
 def engine_replay(module: torch.nn.Module, graph, batch: int):

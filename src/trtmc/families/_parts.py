@@ -93,7 +93,7 @@ def conv(
         raise CheckpointError(
             f"{prefix}.weight {tuple(weight.shape)} cannot read an input of {x.channels} channels"
         )
-    bias = ckpt.tensor(f"{prefix}.bias") if f"{prefix}.bias" in ckpt else None
+    bias = stored_bias(ckpt, prefix)
     if padding is None:
         padding = conv_padding(x, weight.shape[2:], stride, tf_same=tf_same, dilation=dilation)
     return g.conv2d(
@@ -163,9 +163,14 @@ def max_pool(g: GraphBuilder, x: Tensor, source: str, kernel: int, stride: int, 
     return g.pool2d(x, source, PoolMode.MAX, kernel, stride, padding)
 
 
+def stored_bias(ckpt: Checkpoint, prefix: str) -> np.ndarray | None:
+    """The layer at `prefix`'s bias, or None where the checkpoint stores none."""
+    return ckpt.tensor(f"{prefix}.bias") if f"{prefix}.bias" in ckpt else None
+
+
 def linear(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str) -> Tensor:
     """The linear layer at `prefix`, with its bias if stored (a classifier's width is the layout's check)."""
-    bias = ckpt.tensor(f"{prefix}.bias") if f"{prefix}.bias" in ckpt else None
+    bias = stored_bias(ckpt, prefix)
     return g.linear(x, prefix, ckpt.tensor(f"{prefix}.weight"), bias)
 
 

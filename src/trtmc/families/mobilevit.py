@@ -21,7 +21,7 @@ from ..graph import Activation
 from ..graph_builder import GraphBuilder, Tensor
 from . import Family, UnsupportedModel
 from ._layout import LayoutReader, indexed_blocks
-from ._parts import conv, conv_norm_act, image_input, layer_norm, linear
+from ._parts import conv, conv_norm_act, image_input, layer_norm, linear, stored_bias
 
 _BLOCK = r"^stages\.(\d+)\.(\d+)\."
 
@@ -180,16 +180,15 @@ def _padded_qkv(ckpt: Checkpoint, prefix: str, heads: int, padded: int) -> tuple
         t = _zero_padded(t.reshape(3, heads, -1, *t.shape[1:]), 2, padded)
         return np.ascontiguousarray(t.swapaxes(0, 1).reshape(-1, *t.shape[3:]))
 
-    bias = f"{prefix}.bias"
-    return by_head(ckpt.tensor(f"{prefix}.weight")), by_head(ckpt.tensor(bias)) if bias in ckpt else None
+    bias = stored_bias(ckpt, prefix)
+    return by_head(ckpt.tensor(f"{prefix}.weight")), None if bias is None else by_head(bias)
 
 
 def _padded_proj(ckpt: Checkpoint, prefix: str, heads: int, padded: int) -> tuple[np.ndarray, np.ndarray | None]:
     """`prefix.proj`'s weight reading heads `padded` wide (zero weights for the padding) and its bias."""
     weight = ckpt.tensor(f"{prefix}.weight")
     weight = _zero_padded(weight.reshape(weight.shape[0], heads, -1), 2, padded).reshape(weight.shape[0], -1)
-    bias = f"{prefix}.bias"
-    return weight, ckpt.tensor(bias) if bias in ckpt else None
+    return weight, stored_bias(ckpt, prefix)
 
 
 def _attention(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, prefix: str, heads: int) -> Tensor:
