@@ -4,8 +4,8 @@ the compiled graph that runs the chosen one.
 The plain lowering runs depthwise convolutions as fused taps and 1x1 convolutions on 1x1 maps as products
 where those measured faster (`torch_lowering`); the cuDNN-fused one also runs each half-precision convolution
 with its bias, residual add and ReLU as one cuDNN call (`fused_convolutions`); the depthwise-kernel one runs
-the depthwise convolutions the plain one leaves to cuDNN on trtmc's Triton kernel (`depthwise_kernel`; offered
-once `DEPTHWISE_KERNEL_AT_BUILD` is on). A build compiles each
+the depthwise convolutions the plain one leaves to cuDNN on trtmc's Triton kernel (`depthwise_kernel`, at
+batch 1). A build compiles each
 candidate, replays it in a CUDA graph, times them interleaved under the GPU's timing lock (`gpu_lock`) and
 records the choice in the engine's record (`LOWERINGS`); loading compiles the recorded one from the caches.
 """
@@ -45,9 +45,11 @@ PDL = "triton.enable_pdl"
 # trtmc's Triton depthwise kernel (`depthwise_kernel`) as a candidate where cuDNN runs at least
 # `MIN_ON_KERNEL` depthwise convolutions at batch sizes up to `DEPTHWISE_KERNEL_MAX_BATCH`: at batch 1 cuDNN takes
 # ~8 us for each (edgenext_small, run 19), a few times what the map's bytes need; fewer than 4 of them cannot
-# pay for the candidate's compile (~30 s of a build). Off until the GPU measures it (`gpu_session.sh dwtriton`;
-# benchmarks/NOTES.md, run 20's plan): a build then times it against the plain lowering and keeps the faster.
-DEPTHWISE_KERNEL_AT_BUILD = False
+# pay for the candidate's compile (~30 s of a build). Measured (`gpu_session.sh dwtriton`, run 21, H100): batch 1
+# edgenext_small 0.516 -> 0.465 ms, convnext_tiny 0.555 -> 0.489, efficientnet_b0 0.422 -> 0.412, ghostnet_100
+# (2 on the kernel) 0.341 -> 0.358; every model slower at batch 128. A build times it against the plain lowering
+# and keeps the faster.
+DEPTHWISE_KERNEL_AT_BUILD = True
 DEPTHWISE_KERNEL_MAX_BATCH = 1
 MIN_ON_KERNEL = 4
 
