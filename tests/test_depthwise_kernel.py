@@ -16,7 +16,11 @@ import numpy as np
 import pytest
 import torch
 
-from trtmc.backends.depthwise_kernel import depthwise_kernels
+import triton
+
+from trtmc.backends.depthwise_kernel import (
+    BLOCK_CHANNELS, BLOCK_PIXELS, _depthwise_kernel, depthwise_kernels, unrolls_every_tap,
+)
 from trtmc.backends.inductor_lowerings import (
     DEPTHWISE_KERNEL_AT_BUILD, KERNEL, LOWERINGS, PLAIN, Lowering, compile_cuda, lowering_candidates,
 )
@@ -26,7 +30,8 @@ from trtmc.passes.precision import PrecisionPolicy, assign_precision
 
 # (kernel, stride (h, w), padding (top, left, bottom, right), dilation (h, w), channels, bias): one 64-channel tile
 # exactly, TF "SAME" padding at stride 2, a 7x7 kernel over two channel tiles, dilation, a width no tile divides,
-# and rows and columns told apart (padding, stride and dilation each differing between them).
+# rows and columns told apart (padding, stride and dilation each differing between them), and kernels wider than
+# 7x7, which loop over their rows instead of unrolling every tap.
 CASES = [
     (3, (1, 1), (1, 1, 1, 1), (1, 1), 64, True),
     (5, (2, 2), (1, 1, 2, 2), (1, 1), 40, True),
@@ -34,6 +39,8 @@ CASES = [
     (3, (1, 1), (2, 2, 2, 2), (2, 2), 17, True),
     (3, (2, 2), (0, 0, 1, 1), (1, 1), 8, False),
     (3, (1, 2), (0, 2, 2, 0), (2, 1), 24, True),
+    (9, (1, 1), (4, 4, 4, 4), (1, 1), 24, True),
+    (11, (2, 1), (5, 3, 5, 7), (1, 1), 8, False),
 ]
 
 _INTERPRETED = textwrap.dedent("""
@@ -72,6 +79,29 @@ def test_the_triton_kernel_computes_the_depthwise_convolution_under_the_interpre
     assert len(errors) == len(CASES)
     for case, row in zip(CASES, errors):
         assert row["torch.float32"] < 1e-6 and row["torch.float16"] < 2.0**-11, (case, row)
+
+
+def _compiled_for_hopper(kernel: int) -> str:
+    """The kernel's Triton IR for a `kernel` x `kernel` convolution, compiled for sm_90 (a CPU can: no launch)."""
+    from triton.backends.compiler import GPUTarget
+
+    signature = {name: "*fp16" for name in ("x_ptr", "w_ptr", "b_ptr", "out_ptr")}
+    signature.update({name: "i32" for name in ("pixels", "height", "width", "channels", "out_height", "out_width")})
+    constexprs = {"stride_h": 1, "stride_w": 1, "top": kernel // 2, "left": kernel // 2, "dilation_h": 1,
+                  "dilation_w": 1, "kh": kernel, "kw": kernel, "has_bias": True, "block_p": BLOCK_PIXELS,
+                  "block_c": BLOCK_CHANNELS, "unroll_rows": unrolls_every_tap(kernel, kernel)}
+    signature.update({name: "constexpr" for name in constexprs})
+    source = triton.compiler.ASTSource(fn=_depthwise_kernel, signature=signature, constexprs=constexprs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ttir"]
+
+
+def test_kernels_wider_than_7x7_loop_over_their_rows_so_their_compile_does_not_grow_with_the_taps():
+    # Unrolled, a 9x9 kernel's compile took 60 s on a 2-core CPU and mixnet_s's build spent 116-148 s on them (run
+    # 21); a loop over the rows holds one row's loads: kw pixel strips and kw weight vectors, plus the bias.
+    looped = _compiled_for_hopper(9)
+    assert "scf.for" in looped and looped.count("tt.load") == 2 * 9 + 1
+    unrolled = _compiled_for_hopper(3)
+    assert "scf.for" not in unrolled and unrolled.count("tt.load") == 2 * 9 + 1
 
 
 def _depthwise_graph(case):

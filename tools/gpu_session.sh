@@ -27,6 +27,12 @@
 #                (edgenext_small's and convnext_tiny's 7x7, efficientnet_b0's and ghostnet_100's feeding
 #                squeeze-excite means); compiled in parallel first, then timed one model at a time, an equal share
 #                of the time left each; results in dwtriton/ARCH.json
+#   dwtune       tools/depthwise_kernel_tune.py: every depthwise convolution of convnext_tiny, edgenext_small,
+#                efficientnet_b0, ghostnet_100, tf_efficientnetv2_s and fastvit_t8 one at a time at batch 1 and 128, on
+#                cuDNN, on trtmc's Triton kernel as built and with other tiles, and on a row-tiled variant (run 21: the
+#                kernel as built ~8 us a convolution at batch 1, twice cuDNN's time at 128); compiled in parallel
+#                first, then timed one model at a time, an equal share of the time left each; results in
+#                dwtune/ARCH.json (~300 s)
 #   pdl          tools/autotune_probe.py's `pdl` variant (Inductor's programmatic dependent launch, never yet run on
 #                the GPU) against the expert for ghostnet_100 and efficientnet_b0 at batch 1 (where they are
 #                launch-bound; ~70 s a model from cold caches), an equal share of the time left each; `pdl128` the same
@@ -193,6 +199,24 @@ taps() { depthwise_probe taps 8 "${TAPS_ARCHS:-ghostnet_100 efficientnet_b0}"; }
 dwtriton() {
     depthwise_probe dwtriton 4 "${DWTRITON_ARCHS:-edgenext_small convnext_tiny efficientnet_b0 ghostnet_100}" \
         --batch 1 --batch 128 --variant "the engine" --variant "the engine, the rest triton"
+}
+
+dwtune() {
+    local archs=${DWTUNE_ARCHS:-convnext_tiny edgenext_small efficientnet_b0 ghostnet_100 tf_efficientnetv2_s fastvit_t8}
+    local arch n
+    for arch in $archs; do
+        timeout 240 python3 tools/depthwise_kernel_tune.py "$RESULTS/dwtune" "$arch" \
+            --compile-only >"$WORK/dwtune-compile-$arch.log" 2>&1 &
+    done
+    wait
+    tail -n 2 "$WORK"/dwtune-compile-*.log >>"$LOG"
+    n=$(wc -w <<<"$archs")
+    for arch in $archs; do
+        timeout $(($(left) / n)) python3 tools/depthwise_kernel_tune.py \
+            "$RESULTS/dwtune" "$arch" --seconds $(($(left) / n - 20)) >>"$LOG" 2>&1
+        echo "dwtune $arch: $?" >>"$LOG"
+        n=$((n - 1))
+    done
 }
 
 build_mobilevit() {  # a mobilevit_s bundle (random weights) as `trtmc build` makes one, for miss_profile

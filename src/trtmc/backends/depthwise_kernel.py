@@ -6,7 +6,8 @@ At batch 1 cuDNN runs each depthwise convolution in ~8 us (edgenext_small's 13 l
 106 us of its 514, run 19), several times what the map's bytes need; the taps (`torch_lowering._depthwise_taps`)
 are fast there but unroll kh * kw strided reads for Inductor to fuse, whose compile time capped them at 5x5
 (run 16). This kernel reads the channels-last map once per tap from each program's tile of output pixels and
-channels, accumulates in float32 and rounds once, whatever the kernel size: one compile per shape, not per tap.
+channels, accumulates in float32 and rounds once: one compile per shape (Triton's, at the first call), not one
+fused kernel per tap; up to 7x7 its taps are unrolled, wider kernels loop over their rows (`unrolls_every_tap`).
 
 `trtmc::depthwise_conv2d` is the custom op Inductor keeps as one extern call; on a CPU it computes the same
 function with `F.conv2d` in float32 (the tests compare the kernel with it under Triton's interpreter).
@@ -25,6 +26,26 @@ from ..graph import Graph, Node
 from .torch_lowering import is_depthwise
 
 BLOCK_PIXELS, BLOCK_CHANNELS = 32, 64  # a tile: 32 output pixels x 64 channels (128 contiguous bytes in fp16)
+UNROLLED_TAPS = 49  # up to 7x7 every tap unrolled (as run 21 measured convnext_tiny's and edgenext_small's)
+
+
+@triton.jit
+def _tap_row(
+    acc, x_ptr, w_ptr, n, oh, ow, c, in_p, in_c, i, height, width, channels,
+    stride_h: tl.constexpr, stride_w: tl.constexpr, top: tl.constexpr, left: tl.constexpr,
+    dilation_h: tl.constexpr, dilation_w: tl.constexpr, kh: tl.constexpr, kw: tl.constexpr,
+):
+    # The kw taps of kernel row i: x and out channels-last, (n, h, w, c) at ((n * H + h) * W + w) * C + c; the
+    # weight [C, kh * kw].
+    ih = oh * stride_h - top + i * dilation_h
+    for j in tl.static_range(kw):
+        iw = ow * stride_w - left + j * dilation_w
+        inside = in_p & (ih >= 0) & (ih < height) & (iw >= 0) & (iw < width)
+        row = ((n * height + ih) * width + iw) * channels
+        x = tl.load(x_ptr + row[:, None] + c[None, :], mask=inside[:, None] & in_c[None, :], other=0.0)
+        tap = tl.load(w_ptr + c * (kh * kw) + (i * kw + j), mask=in_c, other=0.0)
+        acc += x.to(tl.float32) * tap.to(tl.float32)[None, :]
+    return acc
 
 
 @triton.jit
@@ -32,28 +53,35 @@ def _depthwise_kernel(
     x_ptr, w_ptr, b_ptr, out_ptr, pixels, height, width, channels, out_height, out_width,
     stride_h: tl.constexpr, stride_w: tl.constexpr, top: tl.constexpr, left: tl.constexpr,
     dilation_h: tl.constexpr, dilation_w: tl.constexpr, kh: tl.constexpr, kw: tl.constexpr,
-    has_bias: tl.constexpr, block_p: tl.constexpr, block_c: tl.constexpr,
+    has_bias: tl.constexpr, block_p: tl.constexpr, block_c: tl.constexpr, unroll_rows: tl.constexpr,
 ):
-    # x and out channels-last: (n, h, w, c) at ((n * H + h) * W + w) * C + c; the weight [C, kh * kw].
     p = tl.program_id(0) * block_p + tl.arange(0, block_p)
     c = tl.program_id(1) * block_c + tl.arange(0, block_c)
     n, rest = p // (out_height * out_width), p % (out_height * out_width)
     oh, ow = rest // out_width, rest % out_width
     in_p, in_c = p < pixels, c < channels
     acc = tl.zeros((block_p, block_c), dtype=tl.float32)
-    for i in tl.static_range(kh):
-        ih = oh * stride_h - top + i * dilation_h
-        for j in tl.static_range(kw):
-            iw = ow * stride_w - left + j * dilation_w
-            inside = in_p & (ih >= 0) & (ih < height) & (iw >= 0) & (iw < width)
-            row = ((n * height + ih) * width + iw) * channels
-            x = tl.load(x_ptr + row[:, None] + c[None, :], mask=inside[:, None] & in_c[None, :], other=0.0)
-            tap = tl.load(w_ptr + c * (kh * kw) + (i * kw + j), mask=in_c, other=0.0)
-            acc += x.to(tl.float32) * tap.to(tl.float32)[None, :]
+    if unroll_rows:
+        for i in tl.static_range(kh):
+            acc = _tap_row(acc, x_ptr, w_ptr, n, oh, ow, c, in_p, in_c, i, height, width, channels,
+                           stride_h, stride_w, top, left, dilation_h, dilation_w, kh, kw)
+    else:
+        for i in range(kh):
+            acc = _tap_row(acc, x_ptr, w_ptr, n, oh, ow, c, in_p, in_c, i, height, width, channels,
+                           stride_h, stride_w, top, left, dilation_h, dilation_w, kh, kw)
     if has_bias:
         acc += tl.load(b_ptr + c, mask=in_c, other=0.0).to(tl.float32)[None, :]
     out = out_ptr + p[:, None] * channels + c[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=in_p[:, None] & in_c[None, :])
+
+
+def unrolls_every_tap(kh: int, kw: int) -> bool:
+    """Whether the kernel unrolls all its taps (up to `UNROLLED_TAPS`) or loops over its rows, unrolling each
+    row's: unrolled, Triton's compile grows with the taps (on a 2-core CPU, sm_90: 3x3 1.5 s, 5x5 5.7 s, 7x7 20 s,
+    9x9 60 s; a row loop ~1 s at any size), and it runs at the kernel's first call in each process, outside the
+    caches a bundle carries. mixnet_s's 7x7, 9x9 and 11x11 kernels made the candidate's compile 116-148 s of a
+    build in run 21."""
+    return kh * kw <= UNROLLED_TAPS
 
 
 def depthwise_conv2d_triton(
@@ -71,7 +99,7 @@ def depthwise_conv2d_triton(
     _depthwise_kernel[grid](
         x, taps, taps if bias is None else bias, out, pixels, height, width, channels, out_size[0], out_size[1],
         stride[0], stride[1], origin[0], origin[1], dilation[0], dilation[1], weight.shape[2], weight.shape[3],
-        bias is not None, BLOCK_PIXELS, BLOCK_CHANNELS,
+        bias is not None, BLOCK_PIXELS, BLOCK_CHANNELS, unrolls_every_tap(weight.shape[2], weight.shape[3]),
     )
     return out
 

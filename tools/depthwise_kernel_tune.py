@@ -1,0 +1,328 @@
+"""Tuning trtmc's Triton depthwise kernel on the GPU, one convolution at a time (issue 12).
+
+    PYTHONPATH=src python3 tools/depthwise_kernel_tune.py OUT_DIR ARCH... [--batch N ...] [--seconds S]
+        [--compile-only]
+    TRITON_INTERPRET=1 PYTHONPATH=src python3 tools/depthwise_kernel_tune.py --check ARCH... [--batch N ...]
+
+Run 21 (H100, `gpu_session.sh dwtriton`) measured the kernel as built (`trtmc.backends.depthwise_kernel`: a tile
+of 32 output pixels x 64 channels, 4 warps) at ~8 us a convolution at batch 1 (edgenext_small: 15 in 123 us;
+convnext_tiny: 18 in 148 us, against cuDNN's 217 us), a few times what the maps' bytes need, and at batch 128
+twice cuDNN's time (convnext_tiny 4.83 against 2.28 ms). A batch-1 map of 56x56x96 gives that tile 196 programs,
+barely one per SM at 4 warps each (latency-bound); at batch 128 every tap re-reads its input from L2, since a strip
+of 32 pixels shares no rows with its neighbours' taps.
+
+For each architecture (random weights, fp16, the graph `trtmc build` prepares) and batch size, every distinct
+depthwise convolution (shape, kernel, stride, padding; how many the network has) is run on random pixels with
+the layer's weights by: cuDNN (`F.conv2d` channels-last, as the engine's extern call runs it); the kernel as built;
+the same kernel with other tiles and warp counts (`flat P C W`) and looping over the kernel's rows at every size
+(`... looped`: as built, kernels up to 7x7 unroll every tap, at a compile time that grows with them); and, for
+kernels up to 7x7, a row-tiled variant defined here (`rows R W C N`: each program computes R output rows x W
+columns x C channels and loads each input row's strip once per horizontal tap, for all R output rows that use it:
+(R * stride + kh - 1) * kw loads instead of R * kh * kw; every load unrolled).
+Each is checked against `F.conv2d` in float32 (within one half-precision rounding of the output's largest value;
+a wrong variant is reported, never timed), captured in a CUDA graph of back-to-back calls and timed by CUDA events
+(median of 10 replays). The summary sums each variant over the network (times the count of each convolution):
+over the convolutions the engine leaves to cuDNN at that batch (not taps; what the `depthwise-kernel` lowering
+puts on the kernel) and over all. `--compile-only` runs each variant once (Triton's disk cache then makes the
+timed run's compiles warm: run one process per architecture in parallel first). `--check` (under
+`TRITON_INTERPRET=1`, on a CPU) checks every variant's output on every convolution, shrunk to a map the
+interpreter runs in seconds (`shrunk`: same kernel, stride, padding and dilation), and times nothing.
+Writes OUT_DIR/ARCH.json (after each batch size) and prints one line per convolution.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from trtmc.backends.depthwise_kernel import (
+    BLOCK_CHANNELS, BLOCK_PIXELS, _depthwise_kernel, depthwise_kernels, unrolls_every_tap,
+)
+from trtmc.backends.torch_lowering import depthwise_taps_nodes
+
+from probe_common import random_fp16_graph
+
+ONE_ROUNDING = 2.0**-10
+AS_BUILT = f"flat {BLOCK_PIXELS} {BLOCK_CHANNELS} 4"
+
+
+@triton.jit
+def _depthwise_rows_kernel(
+    x_ptr, w_ptr, b_ptr, out_ptr, height, width, channels, out_height, out_width,
+    stride_h: tl.constexpr, stride_w: tl.constexpr, top: tl.constexpr, left: tl.constexpr,
+    dilation_h: tl.constexpr, dilation_w: tl.constexpr, kh: tl.constexpr, kw: tl.constexpr,
+    has_bias: tl.constexpr, rows: tl.constexpr, block_w: tl.constexpr, block_c: tl.constexpr,
+):
+    # x and out channels-last; the weight [C, kh * kw]. A program: `rows` output rows from oh0 of image n,
+    # `block_w` columns, `block_c` channels. Input row t of the program's window feeds output row r through tap
+    # row i = (t - r * stride_h) / dilation_h where that is a whole number in [0, kh).
+    row_blocks = tl.cdiv(out_height, rows)
+    n = tl.program_id(0) // row_blocks
+    oh0 = (tl.program_id(0) % row_blocks) * rows
+    r = tl.arange(0, rows)
+    ow = tl.program_id(1) * block_w + tl.arange(0, block_w)
+    c = tl.program_id(2) * block_c + tl.arange(0, block_c)
+    in_r, in_w, in_c = oh0 + r < out_height, ow < out_width, c < channels
+    acc = tl.zeros((rows, block_w, block_c), dtype=tl.float32)
+    for t in tl.static_range((rows - 1) * stride_h + (kh - 1) * dilation_h + 1):
+        ih = oh0 * stride_h - top + t
+        d = t - r * stride_h
+        i = d // dilation_h
+        uses = in_r & (d >= 0) & (d % dilation_h == 0) & (i < kh)
+        for j in tl.static_range(kw):
+            iw = ow * stride_w - left + j * dilation_w
+            inside = in_w & (iw >= 0) & (iw < width) & (ih >= 0) & (ih < height)
+            x = tl.load(x_ptr + (((n * height + ih) * width + iw) * channels)[:, None] + c[None, :],
+                        mask=inside[:, None] & in_c[None, :], other=0.0)
+            tap = tl.load(w_ptr + c[None, :] * (kh * kw) + (i * kw + j)[:, None],
+                          mask=uses[:, None] & in_c[None, :], other=0.0)
+            acc += x.to(tl.float32)[None, :, :] * tap.to(tl.float32)[:, None, :]
+    if has_bias:
+        acc += tl.load(b_ptr + c, mask=in_c, other=0.0).to(tl.float32)[None, None, :]
+    oh = oh0 + r
+    at = (((n * out_height + oh) * out_width)[:, None, None] + ow[None, :, None]) * channels + c[None, None, :]
+    mask = in_r[:, None, None] & in_w[None, :, None] & in_c[None, None, :]
+    tl.store(out_ptr + at, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@dataclass(frozen=True)
+class Conv:
+    """One depthwise convolution of a network at a batch size; `count`: how many of the network's are this one."""
+
+    batch: int
+    channels: int
+    height: int
+    width: int
+    kernel: tuple[int, int]
+    stride: tuple[int, int]
+    padding: tuple[int, int, int, int]  # top, left, bottom, right
+    dilation: tuple[int, int]
+    out_size: tuple[int, int]
+    bias: bool
+    taps: bool  # the engine runs it as fused taps at this batch size
+    count: int = 1
+
+    @property
+    def key(self) -> tuple:
+        return tuple(v for k, v in asdict(self).items() if k != "count")
+
+    def __str__(self) -> str:
+        kind = "taps" if self.taps else "cuDNN"
+        return (f"{self.channels}x{self.height}x{self.width} {self.kernel[0]}x{self.kernel[1]} s{self.stride[0]} "
+                f"x{self.count} ({kind} in the engine)")
+
+
+def network_convs(arch: str, batch: int) -> list[Conv]:
+    graph = random_fp16_graph(arch)
+    taps = depthwise_taps_nodes(graph, batch)
+    by_key: dict[tuple, Conv] = {}
+    for name, k in depthwise_kernels(graph).items():
+        node, a = k.convolution, k.convolution.attrs
+        _, channels, height, width = graph.node(node.inputs[0]).type.shape
+        conv = Conv(batch, channels, height, width, tuple(graph.weights[a.weight].shape[2:]), tuple(a.stride),
+                    tuple(a.padding), tuple(a.dilation), tuple(node.type.shape[2:]), bool(a.bias), name in taps)
+        seen = by_key.get(conv.key)
+        by_key[conv.key] = conv if seen is None else Conv(**{**asdict(seen), "count": seen.count + 1})
+    return list(by_key.values())
+
+
+def shrunk(conv: Conv) -> Conv:
+    """The same convolution (kernel, stride, padding, dilation) on a map small enough for Triton's interpreter:
+    at most 72 channels (still more than one 64-channel tile) and 11x13 pixels (odd, for the edges' masks)."""
+    height, width = min(conv.height, 11), min(conv.width, 13)
+    top, left, bottom, right = conv.padding
+    out = tuple((size + a + b - d * (k - 1) - 1) // s + 1 for size, a, b, d, k, s in zip(
+        (height, width), (top, left), (bottom, right), conv.dilation, conv.kernel, conv.stride))
+    return Conv(**{**asdict(conv), "channels": min(conv.channels, 72), "height": height, "width": width,
+                   "out_size": out})
+
+
+def variants() -> dict[str, Callable]:
+    """Name -> launch(x, taps, bias, out, conv), False where the variant does not apply to the convolution: the
+    kernel as built, other tiles of it, the row-tiled one."""
+    def flat(block_p: int, block_c: int, warps: int, loop_rows: bool = False):
+        def launch(x, taps, bias, out, conv: Conv):
+            unroll = unrolls_every_tap(*conv.kernel) and not loop_rows
+            pixels = conv.batch * conv.out_size[0] * conv.out_size[1]
+            grid = (triton.cdiv(pixels, block_p), triton.cdiv(conv.channels, block_c))
+            _depthwise_kernel[grid](
+                x, taps, taps if bias is None else bias, out, pixels, conv.height, conv.width, conv.channels,
+                *conv.out_size, *conv.stride, *conv.padding[:2], *conv.dilation, *conv.kernel, bias is not None,
+                block_p, block_c, unroll, num_warps=warps)
+            return True
+        return launch
+
+    def rows(rows: int, block_w: int, block_c: int, warps: int):
+        def launch(x, taps, bias, out, conv: Conv):
+            if not unrolls_every_tap(*conv.kernel):  # (rows + kh) * kw unrolled loads: minutes to compile at 9x9
+                return False
+            grid = (conv.batch * triton.cdiv(conv.out_size[0], rows), triton.cdiv(conv.out_size[1], block_w),
+                    triton.cdiv(conv.channels, block_c))
+            _depthwise_rows_kernel[grid](
+                x, taps, taps if bias is None else bias, out, conv.height, conv.width, conv.channels, *conv.out_size,
+                *conv.stride, *conv.padding[:2], *conv.dilation, *conv.kernel, bias is not None,
+                rows, block_w, block_c, num_warps=warps)
+            return True
+        return launch
+
+    tiles = {AS_BUILT: flat(BLOCK_PIXELS, BLOCK_CHANNELS, 4),
+             # Kernels up to 7x7 unroll every tap as built; looping over their rows compiles in ~1 s at any size.
+             f"{AS_BUILT} looped": flat(BLOCK_PIXELS, BLOCK_CHANNELS, 4, loop_rows=True)}
+    # Smaller tiles for more programs at batch 1; wider channel tiles for longer contiguous reads.
+    for p, c, w in ((8, 64, 1), (16, 32, 1), (16, 64, 2), (32, 32, 2), (64, 64, 4), (32, 128, 4), (128, 32, 4)):
+        tiles[f"flat {p} {c} {w}"] = flat(p, c, w)
+    for r, w_, c, n in ((2, 8, 32, 1), (2, 16, 64, 4), (4, 8, 64, 4), (4, 16, 32, 4), (4, 16, 64, 4),
+                        (4, 32, 64, 8)):
+        tiles[f"rows {r} {w_} {c} {n}"] = rows(r, w_, c, n)
+    return tiles
+
+
+def tensors(conv: Conv, device: str, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn((conv.batch, conv.channels, conv.height, conv.width), generator=g).half()
+    weight = (torch.randn((conv.channels, 1, *conv.kernel), generator=g) / conv.kernel[0]).half()
+    bias = torch.randn((conv.channels,), generator=g).half() if conv.bias else None
+    move = lambda t: None if t is None else t.to(device)  # noqa: E731
+    return (x.to(device, memory_format=torch.channels_last), move(weight), move(bias))
+
+
+def reference(x, weight, bias, conv: Conv) -> torch.Tensor:
+    top, left, bottom, right = conv.padding
+    padded = F.pad(x.float(), (left, right, top, bottom))
+    y = F.conv2d(padded, weight.float(), None if bias is None else bias.float(), conv.stride, 0, conv.dilation,
+                 conv.channels)
+    return y.half().float()
+
+
+def cudnn(x, weight, bias, conv: Conv) -> Callable[[], torch.Tensor]:
+    top, left, bottom, right = conv.padding
+    if (top, left) == (bottom, right):
+        return lambda: F.conv2d(x, weight, bias, conv.stride, (top, left), conv.dilation, conv.channels)
+    return lambda: F.conv2d(F.pad(x, (left, right, top, bottom)), weight, bias, conv.stride, 0, conv.dilation,
+                            conv.channels)
+
+
+def replay_us(fn: Callable[[], object], batch: int) -> tuple[float, float]:
+    """(median us a call, spread) of 10 CUDA-graph replays of back-to-back calls (~1 ms or more each)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    fn()
+    end.record()
+    end.synchronize()
+    calls = max(5, min(200, int(1.0 / max(begin.elapsed_time(end), 1e-3))))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    samples = []
+    for _ in range(10):
+        begin.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(begin.elapsed_time(end) * 1000 / calls)
+    median = statistics.median(samples)
+    return median, (max(samples) - min(samples)) / median
+
+
+def run_conv(conv: Conv, launches: dict[str, Callable], device: str, timed: bool, seed: int) -> dict:
+    x, weight, bias = tensors(conv, device, seed)
+    taps = weight.reshape(conv.channels, -1).contiguous()
+    expected = reference(x, weight, bias, conv)
+    scale = float(expected.abs().max()) or 1.0
+    row: dict = {**asdict(conv), "us": {}, "wrong": {}}
+    if timed:
+        row["us"]["cudnn"], _ = replay_us(cudnn(x, weight, bias, conv), conv.batch)
+    for name, launch in launches.items():
+        out = torch.empty((conv.batch, conv.channels, *conv.out_size), dtype=x.dtype, device=device,
+                          memory_format=torch.channels_last)
+        if not launch(x, taps, bias, out, conv):
+            continue
+        error = float((out.float() - expected).abs().max()) / scale
+        if error > ONE_ROUNDING:
+            row["wrong"][name] = error
+        elif timed:
+            row["us"][name], _ = replay_us(lambda: launch(x, taps, bias, out, conv), conv.batch)
+    return row
+
+
+def summary(rows: list[dict]) -> dict:
+    """Each variant summed over the network (count x us): over the convolutions left to cuDNN, and over all."""
+    def totals(chosen: list[dict]) -> dict:
+        names = set.intersection(*(set(r["us"]) for r in chosen)) if chosen else set()
+        sums = {n: round(sum(r["count"] * r["us"][n] for r in chosen), 1) for n in sorted(names)}
+        best = sum(r["count"] * min(v for k, v in r["us"].items() if k != "cudnn") for r in chosen)
+        best_or_cudnn = sum(r["count"] * min(r["us"].values()) for r in chosen)
+        ranked = sorted((v, n) for n, v in sums.items())
+        return {"convolutions": sum(r["count"] for r in chosen), "us": sums, "best kernel per shape": round(best, 1),
+                "best of kernel and cudnn per shape": round(best_or_cudnn, 1),
+                "fastest single variant": ranked[0][1] if ranked else None}
+    timed = [r for r in rows if r["us"]]
+    return {"left to cudnn": totals([r for r in timed if not r["taps"]]), "all": totals(timed)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", nargs="?", help="folder for ARCH.json (not with --check)")
+    parser.add_argument("archs", nargs="+")
+    parser.add_argument("--batch", type=int, action="append", help="batch sizes (default 1 and 128)")
+    parser.add_argument("--seconds", type=float, default=1e9, help="stop timing after this long (results so far kept)")
+    parser.add_argument("--compile-only", action="store_true")
+    parser.add_argument("--check", action="store_true", help="every variant's output on every shape, nothing timed "
+                                                              "(on a CPU under TRITON_INTERPRET=1)")
+    args = parser.parse_args()
+    if args.check:
+        args.archs = [args.out, *args.archs] if args.out else args.archs
+    elif not torch.cuda.is_available():
+        sys.exit("timing needs a GPU; on a CPU use --check under TRITON_INTERPRET=1")
+    device = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
+    launches = variants()
+    started, good = time.perf_counter(), True
+    for arch in args.archs:
+        result = {"arch": arch, "torch": torch.__version__, "triton": triton.__version__,
+                  "gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu", "batches": {}}
+        for batch in [1] if args.check else args.batch or [1, 128]:
+            rows = []
+            for seed, conv in enumerate(network_convs(arch, batch)):
+                conv = shrunk(conv) if args.check else conv
+                if time.perf_counter() - started > args.seconds:
+                    print(f"{arch} b{batch}: out of time", flush=True)
+                    break
+                row = run_conv(conv, launches, device, timed=not (args.check or args.compile_only), seed=seed)
+                good &= not row["wrong"]
+                rows.append(row)
+                fastest = sorted((v, k) for k, v in row["us"].items())[:3]
+                print(f"{arch} b{batch} {conv}: " + (", ".join(f"{k} {v:.1f} us" for v, k in fastest) or "ran")
+                      + (f"; cudnn {row['us']['cudnn']:.1f}, as built {row['us'].get(AS_BUILT, float('nan')):.1f}"
+                         if row["us"] else "") + (f"; WRONG {row['wrong']}" if row["wrong"] else ""), flush=True)
+            if args.check or args.compile_only:
+                continue
+            result["batches"][str(batch)] = {"convolutions": rows, "summary": summary(rows)}
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            Path(args.out, f"{arch}.json").write_text(json.dumps(result, indent=1))
+            print(f"{arch} b{batch} summary: {json.dumps(result['batches'][str(batch)]['summary'])}", flush=True)
+    sys.exit(0 if good else 1)
+
+
+if __name__ == "__main__":
+    main()
