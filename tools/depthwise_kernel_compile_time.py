@@ -47,7 +47,8 @@ def main() -> None:
     for kernel in args.sizes:
         looped = compile_seconds(kernel, False, args.capability)
         unrolled = compile_seconds(kernel, True, args.capability)
-        print(f"{kernel}x{kernel}: every tap unrolled {unrolled:.1f} s, a loop over its rows {looped:.1f} s", flush=True)
+        print(f"{kernel}x{kernel}: every tap unrolled {unrolled:.1f} s, a loop over its rows {looped:.1f} s",
+              flush=True)
 
 
 if __name__ == "__main__":

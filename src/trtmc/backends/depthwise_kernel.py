@@ -79,8 +79,8 @@ def unrolls_every_tap(kh: int, kw: int) -> bool:
     """Whether the kernel unrolls all its taps (up to `UNROLLED_TAPS`) or loops over its rows, unrolling each
     row's: unrolled, Triton's compile grows with the taps (tools/depthwise_kernel_compile_time.py, sm_90 on a
     2-core CPU: 3x3 1.2 s, 7x7 20.6 s, 9x9 60 s, 11x11 138 s; a row loop 0.6-1.6 s at any size), and it runs at
-    the kernel's first call in each process, outside the caches a bundle carries. mixnet_s's 7x7, 9x9 and 11x11 kernels made the candidate's compile 116-148 s of a
-    build in run 21."""
+    the kernel's first call in each process, outside the caches a bundle carries. mixnet_s's 7x7, 9x9 and 11x11
+    kernels, all unrolled, made the candidate's compile 116-148 s of a build in run 21."""
     return kh * kw <= UNROLLED_TAPS
 
 

@@ -5,9 +5,9 @@ The plain lowering runs depthwise convolutions as fused taps and 1x1 convolution
 where those measured faster (`torch_lowering`); the cuDNN-fused one also runs each half-precision convolution
 with its bias, residual add and ReLU as one cuDNN call (`fused_convolutions`); the depthwise-kernel one runs
 the depthwise convolutions the plain one leaves to cuDNN on trtmc's Triton kernel (`depthwise_kernel`, at
-batch 1). A build compiles each
-candidate, replays it in a CUDA graph, times them interleaved under the GPU's timing lock (`gpu_lock`) and
-records the choice in the engine's record (`LOWERINGS`); loading compiles the recorded one from the caches.
+batch 1). A build compiles each candidate, replays it in a CUDA graph, times them interleaved under the GPU's
+timing lock (`gpu_lock`) and records the choice in the engine's record (`LOWERINGS`); loading compiles the
+recorded one from the caches.
 """
 
 from __future__ import annotations
