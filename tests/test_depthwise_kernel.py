@@ -19,7 +19,7 @@ import torch
 import triton
 
 from trtmc.backends.depthwise_kernel import (
-    BLOCK_CHANNELS, BLOCK_PIXELS, _depthwise_kernel, depthwise_kernels, unrolls_every_tap,
+    BLOCK_CHANNELS, BLOCK_PIXELS, depthwise_conv2d_kernel, depthwise_kernels, unrolls_every_tap,
 )
 from trtmc.backends.inductor_lowerings import (
     DEPTHWISE_KERNEL_AT_BUILD, KERNEL, LOWERINGS, PLAIN, Lowering, compile_cuda, lowering_candidates,
@@ -91,7 +91,7 @@ def _compiled_for_hopper(kernel: int) -> str:
                   "dilation_w": 1, "kh": kernel, "kw": kernel, "has_bias": True, "block_p": BLOCK_PIXELS,
                   "block_c": BLOCK_CHANNELS, "unroll_rows": unrolls_every_tap(kernel, kernel)}
     signature.update({name: "constexpr" for name in constexprs})
-    source = triton.compiler.ASTSource(fn=_depthwise_kernel, signature=signature, constexprs=constexprs)
+    source = triton.compiler.ASTSource(fn=depthwise_conv2d_kernel, signature=signature, constexprs=constexprs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ttir"]
 
 

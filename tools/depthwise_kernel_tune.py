@@ -14,11 +14,11 @@ of 32 pixels shares no rows with its neighbours' taps.
 For each architecture (random weights, fp16, the graph `trtmc build` prepares) and batch size, every distinct
 depthwise convolution (shape, kernel, stride, padding; how many the network has) is run on random pixels with
 the layer's weights by: cuDNN (`F.conv2d` channels-last, as the engine's extern call runs it); the kernel as built;
-the same kernel with other tiles and warp counts (`flat P C W`) and looping over the kernel's rows at every size
-(`... looped`: as built, kernels up to 7x7 unroll every tap, at a compile time that grows with them); and, for
-kernels up to 7x7, a row-tiled variant defined here (`rows R W C N`: each program computes R output rows x W
-columns x C channels and loads each input row's strip once per horizontal tap, for all R output rows that use it:
-(R * stride + kh - 1) * kw loads instead of R * kh * kw; every load unrolled).
+the same kernel looping over the kernel's rows at every size (`... looped`: as built, kernels up to 7x7 unroll
+every tap, at a compile time that grows with them), and so with other tiles and warp counts (`flat P C W looped`);
+and a row-tiled variant defined here (`rows R W C N`: each program computes R output rows x W columns x C channels
+and loads each input row's strip once per horizontal tap, for all R output rows that use it: (R * stride + kh - 1)
+* kw loads instead of R * kh * kw; a loop over the input rows, each row's taps unrolled).
 Each is checked against `F.conv2d` in float32 (within one half-precision rounding of the output's largest value;
 a wrong variant is reported, never timed), captured in a CUDA graph of back-to-back calls and timed by CUDA events
 (median of 10 replays). The summary sums each variant over the network (times the count of each convolution):
@@ -48,7 +48,7 @@ import triton
 import triton.language as tl
 
 from trtmc.backends.depthwise_kernel import (
-    BLOCK_CHANNELS, BLOCK_PIXELS, _depthwise_kernel, depthwise_kernels, unrolls_every_tap,
+    BLOCK_CHANNELS, BLOCK_PIXELS, depthwise_conv2d_kernel, depthwise_kernels, unrolls_every_tap,
 )
 from trtmc.backends.torch_lowering import depthwise_taps_nodes
 
@@ -76,7 +76,7 @@ def _depthwise_rows_kernel(
     c = tl.program_id(2) * block_c + tl.arange(0, block_c)
     in_r, in_w, in_c = oh0 + r < out_height, ow < out_width, c < channels
     acc = tl.zeros((rows, block_w, block_c), dtype=tl.float32)
-    for t in tl.static_range((rows - 1) * stride_h + (kh - 1) * dilation_h + 1):
+    for t in range((rows - 1) * stride_h + (kh - 1) * dilation_h + 1):  # a loop: ~1 s to compile at any size
         ih = oh0 * stride_h - top + t
         d = t - r * stride_h
         i = d // dilation_h
@@ -150,39 +150,36 @@ def shrunk(conv: Conv) -> Conv:
 
 
 def variants() -> dict[str, Callable]:
-    """Name -> launch(x, taps, bias, out, conv), False where the variant does not apply to the convolution: the
-    kernel as built, other tiles of it, the row-tiled one."""
+    """Name -> launch(x, taps, bias, out, conv): the kernel as built, other tiles of it, the row-tiled one."""
     def flat(block_p: int, block_c: int, warps: int, loop_rows: bool = False):
         def launch(x, taps, bias, out, conv: Conv):
             unroll = unrolls_every_tap(*conv.kernel) and not loop_rows
             pixels = conv.batch * conv.out_size[0] * conv.out_size[1]
             grid = (triton.cdiv(pixels, block_p), triton.cdiv(conv.channels, block_c))
-            _depthwise_kernel[grid](
+            depthwise_conv2d_kernel[grid](
                 x, taps, taps if bias is None else bias, out, pixels, conv.height, conv.width, conv.channels,
                 *conv.out_size, *conv.stride, *conv.padding[:2], *conv.dilation, *conv.kernel, bias is not None,
                 block_p, block_c, unroll, num_warps=warps)
-            return True
         return launch
 
     def rows(rows: int, block_w: int, block_c: int, warps: int):
         def launch(x, taps, bias, out, conv: Conv):
-            if not unrolls_every_tap(*conv.kernel):  # (rows + kh) * kw unrolled loads: minutes to compile at 9x9
-                return False
             grid = (conv.batch * triton.cdiv(conv.out_size[0], rows), triton.cdiv(conv.out_size[1], block_w),
                     triton.cdiv(conv.channels, block_c))
             _depthwise_rows_kernel[grid](
                 x, taps, taps if bias is None else bias, out, conv.height, conv.width, conv.channels, *conv.out_size,
                 *conv.stride, *conv.padding[:2], *conv.dilation, *conv.kernel, bias is not None,
                 rows, block_w, block_c, num_warps=warps)
-            return True
         return launch
 
+    # Kernels up to 7x7 unroll every tap as built (7x7: ~20 s to compile); a loop over their rows compiles in ~1 s
+    # at any size (tools/depthwise_kernel_compile_time.py), so the other tiles loop, and `... looped` against the
+    # built one says what unrolling is worth.
     tiles = {AS_BUILT: flat(BLOCK_PIXELS, BLOCK_CHANNELS, 4),
-             # Kernels up to 7x7 unroll every tap as built; looping over their rows compiles in ~1 s at any size.
              f"{AS_BUILT} looped": flat(BLOCK_PIXELS, BLOCK_CHANNELS, 4, loop_rows=True)}
     # Smaller tiles for more programs at batch 1; wider channel tiles for longer contiguous reads.
     for p, c, w in ((8, 64, 1), (16, 32, 1), (16, 64, 2), (32, 32, 2), (64, 64, 4), (32, 128, 4), (128, 32, 4)):
-        tiles[f"flat {p} {c} {w}"] = flat(p, c, w)
+        tiles[f"flat {p} {c} {w} looped"] = flat(p, c, w, loop_rows=True)
     for r, w_, c, n in ((2, 8, 32, 1), (2, 16, 64, 4), (4, 8, 64, 4), (4, 16, 32, 4), (4, 16, 64, 4),
                         (4, 32, 64, 8)):
         tiles[f"rows {r} {w_} {c} {n}"] = rows(r, w_, c, n)
@@ -256,8 +253,7 @@ def run_conv(conv: Conv, launches: dict[str, Callable], device: str, timed: bool
     for name, launch in launches.items():
         out = torch.empty((conv.batch, conv.channels, *conv.out_size), dtype=x.dtype, device=device,
                           memory_format=torch.channels_last)
-        if not launch(x, taps, bias, out, conv):
-            continue
+        launch(x, taps, bias, out, conv)
         error = float((out.float() - expected).abs().max()) / scale
         if error > ONE_ROUNDING:
             row["wrong"][name] = error

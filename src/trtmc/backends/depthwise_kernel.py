@@ -49,7 +49,7 @@ def _tap_row(
 
 
 @triton.jit
-def _depthwise_kernel(
+def depthwise_conv2d_kernel(
     x_ptr, w_ptr, b_ptr, out_ptr, pixels, height, width, channels, out_height, out_width,
     stride_h: tl.constexpr, stride_w: tl.constexpr, top: tl.constexpr, left: tl.constexpr,
     dilation_h: tl.constexpr, dilation_w: tl.constexpr, kh: tl.constexpr, kw: tl.constexpr,
@@ -96,7 +96,7 @@ def depthwise_conv2d_triton(
     out = torch.empty((n, channels, *out_size), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
     pixels = n * out_size[0] * out_size[1]
     grid = (triton.cdiv(pixels, BLOCK_PIXELS), triton.cdiv(channels, BLOCK_CHANNELS))
-    _depthwise_kernel[grid](
+    depthwise_conv2d_kernel[grid](
         x, taps, taps if bias is None else bias, out, pixels, height, width, channels, out_size[0], out_size[1],
         stride[0], stride[1], origin[0], origin[1], dilation[0], dilation[1], weight.shape[2], weight.shape[3],
         bias is not None, BLOCK_PIXELS, BLOCK_CHANNELS, unrolls_every_tap(weight.shape[2], weight.shape[3]),
