@@ -16,11 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-import triton
-
-from trtmc.backends.depthwise_kernel import (
-    BLOCK_CHANNELS, BLOCK_PIXELS, depthwise_conv2d_kernel, depthwise_kernels, unrolls_every_tap,
-)
+from trtmc.backends.depthwise_kernel import compiled_for, depthwise_kernels
 from trtmc.backends.inductor_lowerings import (
     DEPTHWISE_KERNEL_AT_BUILD, KERNEL, LOWERINGS, PLAIN, Lowering, compile_cuda, lowering_candidates,
 )
@@ -81,26 +77,12 @@ def test_the_triton_kernel_computes_the_depthwise_convolution_under_the_interpre
         assert row["torch.float32"] < 1e-6 and row["torch.float16"] < 2.0**-11, (case, row)
 
 
-def _compiled_for_hopper(kernel: int) -> str:
-    """The kernel's Triton IR for a `kernel` x `kernel` convolution, compiled for sm_90 (a CPU can: no launch)."""
-    from triton.backends.compiler import GPUTarget
-
-    signature = {name: "*fp16" for name in ("x_ptr", "w_ptr", "b_ptr", "out_ptr")}
-    signature.update({name: "i32" for name in ("pixels", "height", "width", "channels", "out_height", "out_width")})
-    constexprs = {"stride_h": 1, "stride_w": 1, "top": kernel // 2, "left": kernel // 2, "dilation_h": 1,
-                  "dilation_w": 1, "kh": kernel, "kw": kernel, "has_bias": True, "block_p": BLOCK_PIXELS,
-                  "block_c": BLOCK_CHANNELS, "unroll_rows": unrolls_every_tap(kernel, kernel)}
-    signature.update({name: "constexpr" for name in constexprs})
-    source = triton.compiler.ASTSource(fn=depthwise_conv2d_kernel, signature=signature, constexprs=constexprs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ttir"]
-
-
 def test_kernels_wider_than_7x7_loop_over_their_rows_so_their_compile_does_not_grow_with_the_taps():
     # Unrolled, a 9x9 kernel's compile took 60 s on a 2-core CPU and mixnet_s's build spent 116-148 s on them (run
     # 21); a loop over the rows holds one row's loads: kw pixel strips and kw weight vectors, plus the bias.
-    looped = _compiled_for_hopper(9)
+    looped = compiled_for(90, 9).asm["ttir"]
     assert "scf.for" in looped and looped.count("tt.load") == 2 * 9 + 1
-    unrolled = _compiled_for_hopper(3)
+    unrolled = compiled_for(90, 3).asm["ttir"]
     assert "scf.for" not in unrolled and unrolled.count("tt.load") == 2 * 9 + 1
 
 
@@ -183,7 +165,7 @@ def test_a_lowering_is_never_both_cudnn_fused_and_on_the_depthwise_kernel():
 @pytest.mark.slow
 def test_an_engine_whose_build_chose_the_depthwise_kernel_runs_it_whatever_the_build_default():
     # torch.compile runs on the CPU too (the custom op an extern call, its CPU path F.conv2d): the record's choice is
-    # honoured at load even though builds do not offer the candidate yet.
+    # honoured at load whether or not builds offer the candidate (`DEPTHWISE_KERNEL_AT_BUILD`).
     graph = _depthwise_stack(4, 7, "fp16")
     compiled = compile_cuda(graph, {LOWERINGS: {"1": {"chosen": KERNEL}}})
     pixels = torch.rand((1, 16, 12, 12), generator=torch.Generator().manual_seed(3)).half()

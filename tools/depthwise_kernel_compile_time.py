@@ -17,24 +17,15 @@ import tempfile
 import time
 
 import triton
-from triton.backends.compiler import GPUTarget
 
-from trtmc.backends.depthwise_kernel import BLOCK_CHANNELS, BLOCK_PIXELS, depthwise_conv2d_kernel
-
-POINTERS = ("x_ptr", "w_ptr", "b_ptr", "out_ptr")
-SIZES = ("pixels", "height", "width", "channels", "out_height", "out_width")
+from trtmc.backends.depthwise_kernel import compiled_for
 
 
 def compile_seconds(kernel: int, unroll_rows: bool, capability: int) -> float:
-    constexprs = {"stride_h": 1, "stride_w": 1, "top": kernel // 2, "left": kernel // 2, "dilation_h": 1,
-                  "dilation_w": 1, "kh": kernel, "kw": kernel, "has_bias": True, "block_p": BLOCK_PIXELS,
-                  "block_c": BLOCK_CHANNELS, "unroll_rows": unroll_rows}
-    signature = {**{p: "*fp16" for p in POINTERS}, **{s: "i32" for s in SIZES}, **{c: "constexpr" for c in constexprs}}
-    source = triton.compiler.ASTSource(fn=depthwise_conv2d_kernel, signature=signature, constexprs=constexprs)
     with tempfile.TemporaryDirectory() as cache:
         os.environ["TRITON_CACHE_DIR"] = cache
         started = time.perf_counter()
-        triton.compile(source, target=GPUTarget("cuda", capability, 32), options={"num_warps": 4})
+        compiled_for(capability, kernel, unroll_rows)
         return time.perf_counter() - started
 
 

@@ -124,8 +124,7 @@ class Conv:
                 f"x{self.count} ({kind} in the engine)")
 
 
-def network_convs(arch: str, batch: int) -> list[Conv]:
-    graph = random_fp16_graph(arch)
+def network_convs(graph, batch: int) -> list[Conv]:
     taps = depthwise_taps_nodes(graph, batch)
     by_key: dict[tuple, Conv] = {}
     for name, k in depthwise_kernels(graph).items():
@@ -211,8 +210,8 @@ def cudnn(x, weight, bias, conv: Conv) -> Callable[[], torch.Tensor]:
                             conv.channels)
 
 
-def replay_us(fn: Callable[[], object], batch: int) -> tuple[float, float]:
-    """(median us a call, spread) of 10 CUDA-graph replays of back-to-back calls (~1 ms or more each)."""
+def replay_us(fn: Callable[[], object]) -> float:
+    """The median us a call of 10 CUDA-graph replays of back-to-back calls (~1 ms or more each)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -238,8 +237,7 @@ def replay_us(fn: Callable[[], object], batch: int) -> tuple[float, float]:
         end.record()
         end.synchronize()
         samples.append(begin.elapsed_time(end) * 1000 / calls)
-    median = statistics.median(samples)
-    return median, (max(samples) - min(samples)) / median
+    return statistics.median(samples)
 
 
 def run_conv(conv: Conv, launches: dict[str, Callable], device: str, timed: bool, seed: int) -> dict:
@@ -249,7 +247,7 @@ def run_conv(conv: Conv, launches: dict[str, Callable], device: str, timed: bool
     scale = float(expected.abs().max()) or 1.0
     row: dict = {**asdict(conv), "us": {}, "wrong": {}}
     if timed:
-        row["us"]["cudnn"], _ = replay_us(cudnn(x, weight, bias, conv), conv.batch)
+        row["us"]["cudnn"] = replay_us(cudnn(x, weight, bias, conv))
     for name, launch in launches.items():
         out = torch.empty((conv.batch, conv.channels, *conv.out_size), dtype=x.dtype, device=device,
                           memory_format=torch.channels_last)
@@ -258,7 +256,7 @@ def run_conv(conv: Conv, launches: dict[str, Callable], device: str, timed: bool
         if error > ONE_ROUNDING:
             row["wrong"][name] = error
         elif timed:
-            row["us"][name], _ = replay_us(lambda: launch(x, taps, bias, out, conv), conv.batch)
+            row["us"][name] = replay_us(lambda: launch(x, taps, bias, out, conv))
     return row
 
 
@@ -297,9 +295,10 @@ def main() -> None:
     for arch in args.archs:
         result = {"arch": arch, "torch": torch.__version__, "triton": triton.__version__,
                   "gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu", "batches": {}}
+        graph = random_fp16_graph(arch)
         for batch in [1] if args.check else args.batch or [1, 128]:
             rows = []
-            for seed, conv in enumerate(network_convs(arch, batch)):
+            for seed, conv in enumerate(network_convs(graph, batch)):
                 conv = shrunk(conv) if args.check else conv
                 if time.perf_counter() - started > args.seconds:
                     print(f"{arch} b{batch}: out of time", flush=True)

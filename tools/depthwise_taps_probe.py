@@ -14,7 +14,8 @@ in a CUDA graph; all rows of an architecture are timed interleaved with the benc
 one replay are counted; the two outputs on the same pixels are compared. `--compile-only` compiles and exits
 (run one per architecture in parallel first: Inductor's disk caches then make the timed run's compiles warm).
 The `triton depthwise` variants run the depthwise convolutions that are not taps as one Triton kernel each
-(`trtmc.backends.depthwise_kernel`, not yet in any build): every one, or those the engine leaves to cuDNN.
+(`trtmc.backends.depthwise_kernel`, a build candidate at batch 1 since run 21): every one, or those the engine
+leaves to cuDNN.
 Writes OUT_DIR/ARCH.json and prints one line per row.
 """
 

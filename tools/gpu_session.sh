@@ -22,7 +22,7 @@
 #                templates for resnet50, each against the expert at batch 1 and 128, one model at a time (an equal
 #                share of the time left each); results in templates/ARCH.json after every batch size
 #   dwtriton     tools/depthwise_taps_probe.py: the engine against the engine with every depthwise convolution it
-#                leaves to cuDNN on trtmc's Triton kernel (`trtmc.backends.depthwise_kernel`, in no build yet), batch
+#                leaves to cuDNN on trtmc's Triton kernel (`trtmc.backends.depthwise_kernel`; run 21), batch
 #                1 and 128, for the four entries whose depthwise convolutions cuDNN still runs at batch 1
 #                (edgenext_small's and convnext_tiny's 7x7, efficientnet_b0's and ghostnet_100's feeding
 #                squeeze-excite means); compiled in parallel first, then timed one model at a time, an equal share
@@ -177,46 +177,33 @@ resizecheck() {
     echo "resize check: $?" >>"$LOG"
 }
 
-depthwise_probe() {  # FOLDER THREADS "ARCH..." [PROBE ARGS...]: tools/depthwise_taps_probe.py compiled for every ARCH in
-    local folder=$1 threads=$2 archs=$3 arch n  # parallel (THREADS compile workers each), then each ARCH timed, an
-    shift 3                                     # equal share of the time left each; results in FOLDER/ARCH.json
-    for arch in $archs; do
-        TORCHINDUCTOR_COMPILE_THREADS=$threads timeout 240 python3 tools/depthwise_taps_probe.py "$RESULTS/$folder" \
+per_arch_probe() {  # PROBE FOLDER THREADS "ARCH..." [PROBE ARGS...]: tools/PROBE `--compile-only` for every ARCH in
+    local probe=$1 folder=$2 threads=$3 archs=$4 arch n  # parallel (THREADS compile workers each), then each ARCH
+    shift 4                                              # timed, an equal share of the time left each; results in
+    for arch in $archs; do                               # FOLDER/ARCH.json
+        TORCHINDUCTOR_COMPILE_THREADS=$threads timeout 240 python3 "tools/$probe" "$RESULTS/$folder" \
             "$arch" "$@" --compile-only >"$WORK/$folder-compile-$arch.log" 2>&1 &
     done
     wait
     tail -n 3 "$WORK/$folder"-compile-*.log >>"$LOG"
     n=$(wc -w <<<"$archs")
     for arch in $archs; do
-        timeout $(($(left) / n)) python3 tools/depthwise_taps_probe.py "$RESULTS/$folder" "$arch" "$@" >>"$LOG" 2>&1
+        timeout $(($(left) / n)) python3 "tools/$probe" "$RESULTS/$folder" "$arch" "$@" >>"$LOG" 2>&1
         echo "$folder $arch: $?" >>"$LOG"
         n=$((n - 1))
     done
 }
 
-taps() { depthwise_probe taps 8 "${TAPS_ARCHS:-ghostnet_100 efficientnet_b0}"; }
+taps() { per_arch_probe depthwise_taps_probe.py taps 8 "${TAPS_ARCHS:-ghostnet_100 efficientnet_b0}"; }
 
 dwtriton() {
-    depthwise_probe dwtriton 4 "${DWTRITON_ARCHS:-edgenext_small convnext_tiny efficientnet_b0 ghostnet_100}" \
+    per_arch_probe depthwise_taps_probe.py dwtriton 4 "${DWTRITON_ARCHS:-edgenext_small convnext_tiny efficientnet_b0 ghostnet_100}" \
         --batch 1 --batch 128 --variant "the engine" --variant "the engine, the rest triton"
 }
 
-dwtune() {
-    local archs=${DWTUNE_ARCHS:-convnext_tiny edgenext_small efficientnet_b0 ghostnet_100 tf_efficientnetv2_s fastvit_t8}
-    local arch n
-    for arch in $archs; do
-        timeout 240 python3 tools/depthwise_kernel_tune.py "$RESULTS/dwtune" "$arch" \
-            --compile-only >"$WORK/dwtune-compile-$arch.log" 2>&1 &
-    done
-    wait
-    tail -n 2 "$WORK"/dwtune-compile-*.log >>"$LOG"
-    n=$(wc -w <<<"$archs")
-    for arch in $archs; do
-        timeout $(($(left) / n)) python3 tools/depthwise_kernel_tune.py \
-            "$RESULTS/dwtune" "$arch" --seconds $(($(left) / n - 20)) >>"$LOG" 2>&1
-        echo "dwtune $arch: $?" >>"$LOG"
-        n=$((n - 1))
-    done
+dwtune() {  # the tune probe writes ARCH.json after each batch size: a time limit keeps what was timed
+    per_arch_probe depthwise_kernel_tune.py dwtune 1 \
+        "${DWTUNE_ARCHS:-convnext_tiny edgenext_small efficientnet_b0 ghostnet_100 tf_efficientnetv2_s fastvit_t8}"
 }
 
 build_mobilevit() {  # a mobilevit_s bundle (random weights) as `trtmc build` makes one, for miss_profile

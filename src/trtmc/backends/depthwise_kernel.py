@@ -84,6 +84,24 @@ def unrolls_every_tap(kh: int, kw: int) -> bool:
     return kh * kw <= UNROLLED_TAPS
 
 
+def compiled_for(capability: int, kernel: int, unroll_rows: Optional[bool] = None):
+    """Triton's compile of the kernel for a `kernel` x `kernel` convolution (stride 1, "same" padding, a bias,
+    the built tile, 4 warps) for a GPU of this compute capability (90: sm_90), without one and without launching:
+    what the tests inspect and tools/depthwise_kernel_compile_time.py times. `unroll_rows` defaults to the
+    launch's choice (`unrolls_every_tap`)."""
+    from triton.backends.compiler import GPUTarget
+
+    constexprs = {"stride_h": 1, "stride_w": 1, "top": kernel // 2, "left": kernel // 2, "dilation_h": 1,
+                  "dilation_w": 1, "kh": kernel, "kw": kernel, "has_bias": True, "block_p": BLOCK_PIXELS,
+                  "block_c": BLOCK_CHANNELS,
+                  "unroll_rows": unrolls_every_tap(kernel, kernel) if unroll_rows is None else unroll_rows}
+    signature = {**{name: "*fp16" for name in ("x_ptr", "w_ptr", "b_ptr", "out_ptr")},
+                 **{name: "i32" for name in ("pixels", "height", "width", "channels", "out_height", "out_width")},
+                 **{name: "constexpr" for name in constexprs}}
+    source = triton.compiler.ASTSource(fn=depthwise_conv2d_kernel, signature=signature, constexprs=constexprs)
+    return triton.compile(source, target=GPUTarget("cuda", capability, 32), options={"num_warps": 4})
+
+
 def depthwise_conv2d_triton(
     x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
     stride: list[int], origin: list[int], dilation: list[int], out_size: list[int],
