@@ -11,12 +11,13 @@ import os
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 
-from trtmc.backends.depthwise_kernel import compiled_for, depthwise_kernels
+from trtmc.backends.depthwise_kernel import TILE, compiled_for, depthwise_kernels
 from trtmc.backends.inductor_lowerings import (
     DEPTHWISE_KERNEL_AT_BUILD, KERNEL, LOWERINGS, PLAIN, Lowering, compile_cuda, lowering_candidates,
 )
@@ -24,10 +25,10 @@ from trtmc.backends.torch_lowering import GraphModule, to_fx
 from trtmc.graph_builder import GraphBuilder
 from trtmc.passes.precision import PrecisionPolicy, assign_precision
 
-# (kernel, stride (h, w), padding (top, left, bottom, right), dilation (h, w), channels, bias): one 64-channel tile
-# exactly, TF "SAME" padding at stride 2, a 7x7 kernel over two channel tiles, dilation, a width no tile divides,
+# (kernel, stride (h, w), padding (top, left, bottom, right), dilation (h, w), channels, bias): whole channel tiles
+# (64, 96 channels) and partial ones (40, 17, 8), TF "SAME" padding at stride 2, dilation, a width no tile divides,
 # rows and columns told apart (padding, stride and dilation each differing between them), and kernels wider than
-# 7x7, which loop over their rows instead of unrolling every tap.
+# 7x7.
 CASES = [
     (3, (1, 1), (1, 1, 1, 1), (1, 1), 64, True),
     (5, (2, 2), (1, 1, 2, 2), (1, 1), 40, True),
@@ -77,12 +78,13 @@ def test_the_triton_kernel_computes_the_depthwise_convolution_under_the_interpre
         assert row["torch.float32"] < 1e-6 and row["torch.float16"] < 2.0**-11, (case, row)
 
 
-def test_kernels_wider_than_7x7_loop_over_their_rows_so_their_compile_does_not_grow_with_the_taps():
+def test_the_built_kernel_loops_over_its_rows_at_every_size_so_its_compile_does_not_grow_with_the_taps():
     # Unrolled, a 9x9 kernel's compile took 60 s on a 2-core CPU and mixnet_s's build spent 116-148 s on them (run
     # 21); a loop over the rows holds one row's loads: kw pixel strips and kw weight vectors, plus the bias.
-    looped = compiled_for(90, 9).asm["ttir"]
-    assert "scf.for" in looped and looped.count("tt.load") == 2 * 9 + 1
-    unrolled = compiled_for(90, 3).asm["ttir"]
+    for kernel in (3, 7, 9):
+        looped = compiled_for(90, kernel).asm["ttir"]
+        assert "scf.for" in looped and looped.count("tt.load") == 2 * kernel + 1, kernel
+    unrolled = compiled_for(90, 3, replace(TILE, unroll_rows=True)).asm["ttir"]
     assert "scf.for" not in unrolled and unrolled.count("tt.load") == 2 * 9 + 1
 
 

@@ -4,7 +4,7 @@ and with a loop over the kernel's rows (a CPU can: Triton compiles for a target 
     PYTHONPATH=src python tools/depthwise_kernel_compile_time.py [SIZE ...] [--capability 90]
 
 Each compile runs in a fresh Triton cache (so none is answered from an earlier one), stride 1, "same" padding,
-the built tile (`BLOCK_PIXELS` x `BLOCK_CHANNELS`, 4 warps). The kernel compiles at its first call in each process
+the built tile (`TILE`) with its rows unrolled and looped. The kernel compiles at its first call in each process
 and shape, outside the caches a bundle carries, so this time is paid by a build's candidate and by a fresh
 machine's first answer (run 21: mixnet_s's 7x7, 9x9 and 11x11 kernels took 116-148 s of its build).
 """
@@ -15,17 +15,18 @@ import argparse
 import os
 import tempfile
 import time
+from dataclasses import replace
 
 import triton
 
-from trtmc.backends.depthwise_kernel import compiled_for
+from trtmc.backends.depthwise_kernel import TILE, compiled_for
 
 
 def compile_seconds(kernel: int, unroll_rows: bool, capability: int) -> float:
     with tempfile.TemporaryDirectory() as cache:
         os.environ["TRITON_CACHE_DIR"] = cache
         started = time.perf_counter()
-        compiled_for(capability, kernel, unroll_rows)
+        compiled_for(capability, kernel, replace(TILE, unroll_rows=unroll_rows))
         return time.perf_counter() - started
 
 

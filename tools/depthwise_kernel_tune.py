@@ -4,18 +4,19 @@
         [--compile-only]
     TRITON_INTERPRET=1 PYTHONPATH=src python3 tools/depthwise_kernel_tune.py --check ARCH... [--batch N ...]
 
-Run 21 (H100, `gpu_session.sh dwtriton`) measured the kernel as built (`trtmc.backends.depthwise_kernel`: a tile
-of 32 output pixels x 64 channels, 4 warps) at ~8 us a convolution at batch 1 (edgenext_small: 15 in 123 us;
+Run 21 (H100, `gpu_session.sh dwtriton`) measured the kernel as then built (a tile of 32 output pixels x 64
+channels, 4 warps, every tap unrolled up to 7x7) at ~8 us a convolution at batch 1 (edgenext_small: 15 in 123 us;
 convnext_tiny: 18 in 148 us, against cuDNN's 217 us), a few times what the maps' bytes need, and at batch 128
 twice cuDNN's time (convnext_tiny 4.83 against 2.28 ms). A batch-1 map of 56x56x96 gives that tile 196 programs,
 barely one per SM at 4 warps each (latency-bound); at batch 128 every tap re-reads its input from L2, since a strip
-of 32 pixels shares no rows with its neighbours' taps.
+of 32 pixels shares no rows with its neighbours' taps. Run 22 (this probe) found 32 pixels x 32 channels in 2 warps,
+looping over the kernel's rows, quickest at batch 1: the tile built since (`trtmc.backends.depthwise_kernel.TILE`).
 
 For each architecture (random weights, fp16, the graph `trtmc build` prepares) and batch size, every distinct
 depthwise convolution (shape, kernel, stride, padding; how many the network has) is run on random pixels with
-the layer's weights by: cuDNN (`F.conv2d` channels-last, as the engine's extern call runs it); the kernel as built;
-the same kernel looping over the kernel's rows at every size (`... looped`: as built, kernels up to 7x7 unroll
-every tap, at a compile time that grows with them), and so with other tiles and warp counts (`flat P C W looped`);
+the layer's weights by: cuDNN (`F.conv2d` channels-last, as the engine's extern call runs it); the kernel as built
+(`TILE`); run 21's tile (`flat 32 64 4`: every tap unrolled up to 7x7, at a compile time that grows with them) and
+the same looping over the kernel's rows; other tiles and warp counts, looping (`flat P C W looped`);
 and a row-tiled variant defined here (`rows R W C N`: each program computes R output rows x W columns x C channels
 and loads each input row's strip once per horizontal tap, for all R output rows that use it: (R * stride + kh - 1)
 * kw loads instead of R * kh * kw; a loop over the input rows, each row's taps unrolled).
@@ -48,14 +49,14 @@ import triton
 import triton.language as tl
 
 from trtmc.backends.depthwise_kernel import (
-    BLOCK_CHANNELS, BLOCK_PIXELS, depthwise_conv2d_kernel, depthwise_kernels, unrolls_every_tap,
+    TILE, depthwise_conv2d_kernel, depthwise_kernels,
 )
 from trtmc.backends.torch_lowering import depthwise_taps_nodes
 
 from probe_common import random_fp16_graph
 
 ONE_ROUNDING = 2.0**-10
-AS_BUILT = f"flat {BLOCK_PIXELS} {BLOCK_CHANNELS} 4"
+AS_BUILT = f"flat {TILE.pixels} {TILE.channels} {TILE.warps}" + ("" if TILE.unroll_rows else " looped")
 
 
 @triton.jit
@@ -150,9 +151,9 @@ def shrunk(conv: Conv) -> Conv:
 
 def variants() -> dict[str, Callable]:
     """Name -> launch(x, taps, bias, out, conv): the kernel as built, other tiles of it, the row-tiled one."""
-    def flat(block_p: int, block_c: int, warps: int, loop_rows: bool = False):
+    def flat(block_p: int, block_c: int, warps: int, loop_rows: bool = True):
         def launch(x, taps, bias, out, conv: Conv):
-            unroll = unrolls_every_tap(*conv.kernel) and not loop_rows
+            unroll = not loop_rows and conv.kernel[0] * conv.kernel[1] <= 49  # run 21's rule: unrolled up to 7x7
             pixels = conv.batch * conv.out_size[0] * conv.out_size[1]
             grid = (triton.cdiv(pixels, block_p), triton.cdiv(conv.channels, block_c))
             depthwise_conv2d_kernel[grid](
@@ -171,14 +172,14 @@ def variants() -> dict[str, Callable]:
                 rows, block_w, block_c, num_warps=warps)
         return launch
 
-    # Kernels up to 7x7 unroll every tap as built (7x7: ~20 s to compile); a loop over their rows compiles in ~1 s
-    # at any size (tools/depthwise_kernel_compile_time.py), so the other tiles loop, and `... looped` against the
-    # built one says what unrolling is worth.
-    tiles = {AS_BUILT: flat(BLOCK_PIXELS, BLOCK_CHANNELS, 4),
-             f"{AS_BUILT} looped": flat(BLOCK_PIXELS, BLOCK_CHANNELS, 4, loop_rows=True)}
+    # A loop over the kernel's rows compiles in ~1 s at any size (tools/depthwise_kernel_compile_time.py; 7x7
+    # unrolled ~20 s), so every tile loops but run 21's, which against its `looped` twin says what unrolling is worth.
+    tiles = {AS_BUILT: flat(TILE.pixels, TILE.channels, TILE.warps, loop_rows=not TILE.unroll_rows),
+             "flat 32 64 4": flat(32, 64, 4, loop_rows=False)}
     # Smaller tiles for more programs at batch 1; wider channel tiles for longer contiguous reads.
-    for p, c, w in ((8, 64, 1), (16, 32, 1), (16, 64, 2), (32, 32, 2), (64, 64, 4), (32, 128, 4), (128, 32, 4)):
-        tiles[f"flat {p} {c} {w} looped"] = flat(p, c, w, loop_rows=True)
+    for p, c, w in ((8, 64, 1), (16, 32, 1), (16, 64, 2), (32, 32, 2), (32, 64, 4), (64, 64, 4), (32, 128, 4),
+                    (128, 32, 4)):
+        tiles.setdefault(f"flat {p} {c} {w} looped", flat(p, c, w))
     for r, w_, c, n in ((2, 8, 32, 1), (2, 16, 64, 4), (4, 8, 64, 4), (4, 16, 32, 4), (4, 16, 64, 4),
                         (4, 32, 64, 8)):
         tiles[f"rows {r} {w_} {c} {n}"] = rows(r, w_, c, n)

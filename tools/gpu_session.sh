@@ -29,10 +29,10 @@
 #                of the time left each; results in dwtriton/ARCH.json
 #   dwtune       tools/depthwise_kernel_tune.py: every depthwise convolution of convnext_tiny, edgenext_small,
 #                efficientnet_b0, ghostnet_100, tf_efficientnetv2_s and fastvit_t8 one at a time at batch 1 and 128, on
-#                cuDNN, on trtmc's Triton kernel as built and with other tiles, and on a row-tiled variant (run 21: the
-#                kernel as built ~8 us a convolution at batch 1, twice cuDNN's time at 128); compiled in parallel
+#                cuDNN, on trtmc's Triton kernel as built and with other tiles, and on a row-tiled variant (run 22,
+#                three models: 136 s; the tile built since was the quickest at batch 1); compiled in parallel
 #                first, then timed one model at a time, an equal share of the time left each; results in
-#                dwtune/ARCH.json (~300 s)
+#                dwtune/ARCH.json (~300 s for all six)
 #   pdl          tools/autotune_probe.py's `pdl` variant (Inductor's programmatic dependent launch, never yet run on
 #                the GPU) against the expert for ghostnet_100 and efficientnet_b0 at batch 1 (where they are
 #                launch-bound; ~70 s a model from cold caches), an equal share of the time left each; `pdl128` the same

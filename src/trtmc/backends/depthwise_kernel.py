@@ -7,7 +7,8 @@ At batch 1 cuDNN runs each depthwise convolution in ~8 us (edgenext_small's 13 l
 are fast there but unroll kh * kw strided reads for Inductor to fuse, whose compile time capped them at 5x5
 (run 16). This kernel reads the channels-last map once per tap from each program's tile of output pixels and
 channels, accumulates in float32 and rounds once: one compile per shape (Triton's, at the first call), not one
-fused kernel per tap; up to 7x7 its taps are unrolled, wider kernels loop over their rows (`unrolls_every_tap`).
+fused kernel per tap. Its tile (`TILE`: 32 pixels x 32 channels in 2 warps, a loop over the kernel's rows) is the
+quickest that `tools/depthwise_kernel_tune.py` found at batch 1 (run 22).
 
 `trtmc::depthwise_conv2d` is the custom op Inductor keeps as one extern call; on a CPU it computes the same
 function with `F.conv2d` in float32 (the tests compare the kernel with it under Triton's interpreter).
@@ -25,8 +26,27 @@ import triton.language as tl
 from ..graph import Graph, Node
 from .torch_lowering import is_depthwise
 
-BLOCK_PIXELS, BLOCK_CHANNELS = 32, 64  # a tile: 32 output pixels x 64 channels (128 contiguous bytes in fp16)
-UNROLLED_TAPS = 49  # up to 7x7 every tap unrolled (as run 21 measured convnext_tiny's and edgenext_small's)
+
+@dataclass(frozen=True)
+class Tile:
+    """What one program of the kernel computes: `pixels` output pixels x `channels` channels, in `warps` warps;
+    `unroll_rows`: every tap unrolled, or a loop over the kernel's rows with each row's taps unrolled."""
+
+    pixels: int
+    channels: int
+    warps: int
+    unroll_rows: bool
+
+
+# Run 22 (tools/depthwise_kernel_tune.py, H100, batch 1): the quickest tile on every depthwise convolution of
+# convnext_tiny (its 18 in 117 us against 144 for run 21's 32 x 64 in 4 warps, every tap unrolled, and 264 on
+# cuDNN) and on edgenext_small's 7x7 and 9x9 ones: more, smaller programs for maps of a few thousand pixels. The
+# row loop ran about as fast as unrolled taps in run 21's tile (convnext_tiny 137 against 144 us, edgenext_small
+# 104 against 100) and keeps Triton's compile ~1 s at any size, where unrolled taps grow it (sm_90 on a 2-core CPU,
+# tools/depthwise_kernel_compile_time.py: 7x7 21 s, 9x9 60 s, 11x11 138 s; mixnet_s's build spent 116-148 s on
+# them in run 21). The compile runs at the kernel's first call in each process, outside the caches a bundle
+# carries.
+TILE = Tile(pixels=32, channels=32, warps=2, unroll_rows=False)
 
 
 @triton.jit
@@ -75,31 +95,20 @@ def depthwise_conv2d_kernel(
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=in_p[:, None] & in_c[None, :])
 
 
-def unrolls_every_tap(kh: int, kw: int) -> bool:
-    """Whether the kernel unrolls all its taps (up to `UNROLLED_TAPS`) or loops over its rows, unrolling each
-    row's: unrolled, Triton's compile grows with the taps (tools/depthwise_kernel_compile_time.py, sm_90 on a
-    2-core CPU: 3x3 1.2 s, 7x7 20.6 s, 9x9 60 s, 11x11 138 s; a row loop 0.6-1.6 s at any size), and it runs at
-    the kernel's first call in each process, outside the caches a bundle carries. mixnet_s's 7x7, 9x9 and 11x11
-    kernels, all unrolled, made the candidate's compile 116-148 s of a build in run 21."""
-    return kh * kw <= UNROLLED_TAPS
-
-
-def compiled_for(capability: int, kernel: int, unroll_rows: Optional[bool] = None):
-    """Triton's compile of the kernel for a `kernel` x `kernel` convolution (stride 1, "same" padding, a bias,
-    the built tile, 4 warps) for a GPU of this compute capability (90: sm_90), without one and without launching:
-    what the tests inspect and tools/depthwise_kernel_compile_time.py times. `unroll_rows` defaults to the
-    launch's choice (`unrolls_every_tap`)."""
+def compiled_for(capability: int, kernel: int, tile: Tile = TILE):
+    """Triton's compile of the kernel for a `kernel` x `kernel` convolution (stride 1, "same" padding, a bias) in
+    `tile` for a GPU of this compute capability (90: sm_90), without one and without launching: what the tests
+    inspect and tools/depthwise_kernel_compile_time.py times."""
     from triton.backends.compiler import GPUTarget
 
     constexprs = {"stride_h": 1, "stride_w": 1, "top": kernel // 2, "left": kernel // 2, "dilation_h": 1,
-                  "dilation_w": 1, "kh": kernel, "kw": kernel, "has_bias": True, "block_p": BLOCK_PIXELS,
-                  "block_c": BLOCK_CHANNELS,
-                  "unroll_rows": unrolls_every_tap(kernel, kernel) if unroll_rows is None else unroll_rows}
+                  "dilation_w": 1, "kh": kernel, "kw": kernel, "has_bias": True, "block_p": tile.pixels,
+                  "block_c": tile.channels, "unroll_rows": tile.unroll_rows}
     signature = {**{name: "*fp16" for name in ("x_ptr", "w_ptr", "b_ptr", "out_ptr")},
                  **{name: "i32" for name in ("pixels", "height", "width", "channels", "out_height", "out_width")},
                  **{name: "constexpr" for name in constexprs}}
     source = triton.compiler.ASTSource(fn=depthwise_conv2d_kernel, signature=signature, constexprs=constexprs)
-    return triton.compile(source, target=GPUTarget("cuda", capability, 32), options={"num_warps": 4})
+    return triton.compile(source, target=GPUTarget("cuda", capability, 32), options={"num_warps": tile.warps})
 
 
 def depthwise_conv2d_triton(
@@ -113,11 +122,11 @@ def depthwise_conv2d_triton(
     taps = weight.reshape(channels, -1).contiguous()
     out = torch.empty((n, channels, *out_size), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
     pixels = n * out_size[0] * out_size[1]
-    grid = (triton.cdiv(pixels, BLOCK_PIXELS), triton.cdiv(channels, BLOCK_CHANNELS))
+    grid = (triton.cdiv(pixels, TILE.pixels), triton.cdiv(channels, TILE.channels))
     depthwise_conv2d_kernel[grid](
         x, taps, taps if bias is None else bias, out, pixels, height, width, channels, out_size[0], out_size[1],
         stride[0], stride[1], origin[0], origin[1], dilation[0], dilation[1], weight.shape[2], weight.shape[3],
-        bias is not None, BLOCK_PIXELS, BLOCK_CHANNELS, unrolls_every_tap(weight.shape[2], weight.shape[3]),
+        bias is not None, TILE.pixels, TILE.channels, TILE.unroll_rows, num_warps=TILE.warps,
     )
     return out
 
