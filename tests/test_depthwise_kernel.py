@@ -136,7 +136,8 @@ def test_the_depthwise_kernel_lowering_is_offered_at_batch_1_where_cudnn_would_r
     offered = lowering_candidates(graph, 1, depthwise_kernel=True)
     assert list(offered) == [PLAIN, KERNEL] and offered[KERNEL].depthwise_kernel
     assert offered[KERNEL].taps == offered[PLAIN].taps == frozenset()
-    assert list(lowering_candidates(graph, 8, depthwise_kernel=True)) == [PLAIN]  # batch 1 only: slower than cuDNN at 128 (run 21)
+    # Batch 1 only: at 128 the kernel ran slower than cuDNN (run 21).
+    assert list(lowering_candidates(graph, 8, depthwise_kernel=True)) == [PLAIN]
     assert list(lowering_candidates(_depthwise_stack(3, 7), 1, depthwise_kernel=True)) == [PLAIN]  # too few to pay
     assert list(lowering_candidates(_depthwise_stack(4, 3), 1, depthwise_kernel=True)) == [PLAIN]  # all taps there
 
