@@ -538,6 +538,8 @@ def test_results_json_markdown_and_plot_are_written_with_the_expert_as_headline(
     # the protocol paragraph is the code's own description of what ran
     assert timing.describe(QUICK) in markdown and oracle.describe(str(few_photos), 4) in markdown
     assert written["plot"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    partial = report.write_results(bench, tmp_path / "partial", draw=False)  # a run's report after each entry
+    assert set(partial) == {"json", "markdown"} and not (tmp_path / "partial" / report.PLOT_PNG).exists()
 
 
 def test_prepare_phase_runs_in_workers_and_the_timing_reuses_its_bundles(tiny, few_photos, tmp_path, uncompiled, no_compile):
@@ -591,7 +593,9 @@ def test_resumed_run_takes_finished_entries_from_their_records_and_times_only_th
     first, second = tiny_entry(tiny, few_photos), tiny_entry(tiny, few_photos, name="tiny2")
     earlier = run_bench([first], opts, clock_for=FAST)
     calls_before = uncompiled.calls
-    resumed = run_bench([first, second], replace(opts, resume=True), clock_for=FAST)
+    partials = []  # what a partial report sees: once per entry timed here, none for the resumed one
+    resumed = run_bench([first, second], replace(opts, resume=True), clock_for=FAST, on_result=partials.append)
+    assert [[e.entry.name for e in partial.entries] for partial in partials] == [["tiny", "tiny2"]]
     assert report.entry_to_json(resumed.entries[0]) == report.entry_to_json(earlier.entries[0])
     assert resumed.resumed == {"tiny": earlier.started}
     assert resumed.entries[1].status == "passed" and uncompiled.calls > calls_before  # only tiny2 was timed
@@ -600,6 +604,25 @@ def test_resumed_run_takes_finished_entries_from_their_records_and_times_only_th
     calls_before = uncompiled.calls
     again = run_bench([first, second], replace(opts, resume=True), clock_for=FAST)
     assert set(again.resumed) == {"tiny", "tiny2"} and uncompiled.calls == calls_before  # nothing timed
+
+
+def test_a_report_from_records_alone_is_the_report_of_the_runs_that_timed_them(tiny, few_photos, tmp_path, uncompiled):
+    opts = options(tmp_path, baselines=("eager-fp32",))
+    first, second = tiny_entry(tiny, few_photos), tiny_entry(tiny, few_photos, name="tiny2")
+    timed = run_bench([first, second], opts, clock_for=FAST)
+    calls_before = uncompiled.calls
+    recorded = runner.recorded_result([first, second], opts.workdir)
+    assert uncompiled.calls == calls_before  # nothing timed or judged again
+    assert report.to_json(recorded)["entries"] == report.to_json(timed)["entries"]
+    assert recorded.environment == timed.environment and recorded.options.baselines == ("eager-fp32",)
+    assert recorded.resumed == {"tiny": timed.started, "tiny2": timed.started}
+    with pytest.raises(ValueError, match="tiny3 has no record"):
+        runner.recorded_result([first, tiny_entry(tiny, few_photos, name="tiny3")], opts.workdir)
+    with pytest.raises(ValueError, match="another definition of the entry"):
+        runner.recorded_result([replace(first, batch_sizes=(1,))], opts.workdir)
+    run_bench([second], replace(opts, baselines=("eager-cl",)), clock_for=FAST)  # tiny2 timed again, otherwise
+    with pytest.raises(ValueError, match=r"records differ in options \(tiny2 against tiny\)"):
+        runner.recorded_result([first, second], opts.workdir)
 
 
 def test_resume_times_again_an_entry_whose_settings_or_baselines_changed(tiny, few_photos, tmp_path, uncompiled):

@@ -287,7 +287,9 @@ def _cmd_bench(args) -> int:
         return 0
     progress(f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'} on {args.device}; "
              f"baselines: {', '.join(options.baselines) or 'none'}")
-    result = run_bench(entries, options, progress=progress, on_result=lambda partial: write_results(partial, args.out))
+    # After each entry timed, its rows so far (a run cut short keeps them); the plot only once, at the end.
+    result = run_bench(entries, options, progress=progress,
+                       on_result=lambda partial: write_results(partial, args.out, draw=False))
     written = write_results(result, args.out)
     for e in result.entries:
         line = f"{e.entry.name:28s} {e.status}"

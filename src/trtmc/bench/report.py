@@ -447,8 +447,9 @@ def plot(result: BenchResult, path: Path) -> Path | None:
     return path
 
 
-def write_results(result: BenchResult, out: Path) -> dict[str, Path]:
-    """results.json, results.md and latency.png in `out` (created if missing); the paths written."""
+def write_results(result: BenchResult, out: Path, *, draw: bool = True) -> dict[str, Path]:
+    """results.json, results.md and, with `draw`, latency.png in `out` (created if missing); the paths
+    written. Drawing takes seconds with many entries: a run's partial reports leave it to the final one."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     written = {}
@@ -458,7 +459,7 @@ def write_results(result: BenchResult, out: Path) -> dict[str, Path]:
     path = out / RESULTS_MD
     write_bytes_atomically(path, to_markdown(result).encode())
     written["markdown"] = path
-    png = plot(result, out / PLOT_PNG)
+    png = plot(result, out / PLOT_PNG) if draw else None
     if png is not None:
         written["plot"] = png
     return written

@@ -494,8 +494,8 @@ def environment(device: str) -> dict[str, Any]:
 RECORDS = "timed"  # the workdir folder of finished entries' records, which --resume reads
 
 
-def _record_path(options: BenchOptions, entry: Entry) -> Path:
-    return Path(options.workdir) / RECORDS / f"{entry.name}.pickle"
+def _record_path(workdir: Path, entry: Entry) -> Path:
+    return Path(workdir) / RECORDS / f"{entry.name}.pickle"
 
 
 def _timed_with(options: BenchOptions) -> tuple:
@@ -509,7 +509,7 @@ def _save_record(options: BenchOptions, result: EntryResult, env: dict[str, Any]
 
     from ..files import write_bytes_atomically
 
-    path = _record_path(options, result.entry)
+    path = _record_path(options.workdir, result.entry)
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {"result": result, "environment": env, "options": _timed_with(options), "started": started_at}
     write_bytes_atomically(path, pickle.dumps(record))
@@ -521,7 +521,7 @@ def _resumed_record(options: BenchOptions, entry: Entry, env: dict[str, Any]) ->
     (machine, versions) and the options that make its rows (device, backend, baselines); None otherwise."""
     import pickle
 
-    path = _record_path(options, entry)
+    path = _record_path(options.workdir, entry)
     if not path.is_file():
         return None
     try:
@@ -534,6 +534,34 @@ def _resumed_record(options: BenchOptions, entry: Entry, env: dict[str, Any]) ->
     return record["result"], record["started"]
 
 
+def recorded_result(entries: tuple[Entry, ...] | list[Entry], workdir: Path) -> BenchResult:
+    """The report of `entries` from their records in `workdir` alone, as on the machine that timed them (its
+    environment, its options): for a bench whose last call ran out of time before its report. Nothing is timed or
+    judged again. Every entry needs a record of that very entry, and all records one environment and one set of
+    options; a ValueError says which ones do not."""
+    import pickle
+
+    started, clock = time.strftime("%Y-%m-%dT%H:%M:%S%z"), time.perf_counter()
+    records = {}
+    for entry in entries:
+        path = _record_path(workdir, entry)
+        if not path.is_file():
+            raise ValueError(f"{entry.name} has no record in {path.parent}: time it first")
+        records[entry.name] = pickle.loads(path.read_bytes())
+        if records[entry.name]["result"].entry != entry:
+            raise ValueError(f"{entry.name}'s record is of another definition of the entry: time it again")
+    first = next(iter(records.values()))
+    for key in ("environment", "options"):
+        differ = [name for name, record in records.items() if record[key] != first[key]]
+        if differ:
+            raise ValueError(f"records differ in {key} ({', '.join(differ)} against {entries[0].name}): "
+                             "one report holds one code on one machine with one set of options")
+    device, backend, baselines = first["options"]
+    options = BenchOptions(workdir=Path(workdir), device=device, baselines=baselines, backend=backend, resume=True)
+    return BenchResult(first["environment"], options, tuple(r["result"] for r in records.values()), started,
+                       time.perf_counter() - clock, {name: r["started"] for name, r in records.items()})
+
+
 def run_bench(
     entries: tuple[Entry, ...] | list[Entry],
     options: BenchOptions,
@@ -544,7 +572,7 @@ def run_bench(
     on_result: Callable[[BenchResult], None] | None = None,
 ) -> BenchResult:
     """Every entry in turn (one failing never stops the others); `on_result` sees the results so
-    far after each entry, so a run cut short still leaves its finished rows behind. Each finished
+    far after each entry timed here, so a run cut short still leaves its finished rows behind. Each finished
     entry is also recorded in the workdir; with `options.resume`, an entry recorded there by an earlier
     run on the same machine and versions is taken from its record instead of timed again, so a long
     bench can run as several shorter ones."""
@@ -574,6 +602,6 @@ def run_bench(
                 results.append(run_entry(entry, options, prepare=prepare, clock_for=clock_for,
                                          progress=lambda m, p=prefix: progress(f"{p} {m}"), host=host))
                 _save_record(options, results[-1], env, started_at)
-            if on_result is not None:
-                on_result(so_far())
+                if on_result is not None:  # a resumed entry is safe in its record: the final report lists it
+                    on_result(so_far())
     return so_far()
