@@ -1,9 +1,11 @@
-"""The GPU timing lock: builds running side by side time their candidates one at a time."""
+"""The GPU timing lock: builds running side by side time their candidates one at a time, and no process's Inductor
+benchmarks its kernels meanwhile."""
 
 import multiprocessing
 import time
 
-from trtmc.backends.gpu_lock import lock_path, timing_alone
+from trtmc.backends.gpu_lock import benchmarking_beside, lock_path, share_gpu_with_timing, timing_alone
+from trtmc.files import exclusive_lock
 
 
 def _hold(path, seconds, ready):
@@ -66,3 +68,108 @@ def test_a_lock_that_cannot_be_opened_lets_the_timing_go_on_without_it(tmp_path,
     with timing_alone(not_a_folder / "trtmc-gpu-timing-x.lock") as wait:
         ran = True
     assert ran and wait == 0.0 and "timing the candidates without it" in caplog.text
+
+
+# ---- the shared side: Inductor's benchmarks in other processes ----
+
+
+def _benchmark(path, seconds, ready):
+    with benchmarking_beside(path):
+        ready.set()
+        time.sleep(seconds)
+
+
+def _hold_turnstile(path, seconds, ready):
+    """What a build waiting to time holds: the turnstile, not yet the lock."""
+    with exclusive_lock(path.with_name(path.name + ".turnstile")):
+        ready.set()
+        time.sleep(seconds)
+
+
+def _started(target, *args):
+    ctx = multiprocessing.get_context("spawn")
+    ready = ctx.Event()
+    process = ctx.Process(target=target, args=(*args, ready))
+    process.start()
+    assert ready.wait(60), f"the process running {target.__name__} never got going"
+    return process
+
+
+def _seconds_to_enter(block) -> float:
+    started = time.perf_counter()
+    with block:
+        pass
+    return time.perf_counter() - started
+
+
+def test_a_build_waits_to_time_until_benchmarks_in_other_processes_end(tmp_path):
+    path = lock_path("GPU-test", tmp_path)
+    benchmarking = _started(_benchmark, path, 1.0)
+    try:
+        with timing_alone(path) as wait:
+            pass
+        assert wait >= 0.5, f"timed after {wait:.2f} s beside a benchmark of 1 s"
+    finally:
+        benchmarking.join(60)
+
+
+def test_a_benchmark_waits_while_a_build_times(tmp_path):
+    path = lock_path("GPU-test", tmp_path)
+    timing = _holder(path, 1.0)
+    try:
+        assert _seconds_to_enter(benchmarking_beside(path)) >= 0.5
+    finally:
+        timing.join(60)
+
+
+def test_benchmarks_of_several_processes_run_together(tmp_path):
+    path = lock_path("GPU-test", tmp_path)
+    benchmarking = _started(_benchmark, path, 2.0)
+    try:
+        assert _seconds_to_enter(benchmarking_beside(path)) < 0.5
+    finally:
+        benchmarking.join(60)
+
+
+def test_a_build_waiting_to_time_holds_back_new_benchmarks(tmp_path):
+    # Without the turnstile, a stream of overlapping benchmarks from 14 processes could keep a build from ever timing.
+    path = lock_path("GPU-test", tmp_path)
+    waiting_build = _started(_hold_turnstile, path, 1.0)
+    try:
+        assert _seconds_to_enter(benchmarking_beside(path)) >= 0.5
+    finally:
+        waiting_build.join(60)
+
+
+def test_a_benchmark_inside_a_benchmark_does_not_queue_behind_a_waiting_build(tmp_path):
+    # The inner one passing the turnstile again would wait for a build that waits for the outer one: a deadlock.
+    path = lock_path("GPU-test", tmp_path)
+    with benchmarking_beside(path):
+        waiting_build = _started(_hold_turnstile, path, 2.0)
+        try:
+            assert _seconds_to_enter(benchmarking_beside(path)) < 0.5
+        finally:
+            waiting_build.join(60)
+
+
+def test_inductors_benchmarks_take_their_share_once_hooked(tmp_path):
+    from torch._inductor.runtime.benchmarking import benchmarker
+
+    path = lock_path("GPU-test", tmp_path)
+    assert share_gpu_with_timing(path) and share_gpu_with_timing(lock_path("GPU-other", tmp_path))
+    try:
+        assert benchmarker.benchmark_gpu._trtmc_timing_lock == path  # hooked once, to the first GPU's lock
+        timing = _holder(path, 1.0)
+        try:
+            started = time.perf_counter()
+            try:
+                benchmarker.benchmark_gpu(lambda: None)
+            except Exception:  # no GPU here: the benchmark itself fails, after the wait this test is about
+                pass
+            assert time.perf_counter() - started >= 0.5, "Inductor benchmarked while a build was timing"
+        finally:
+            timing.join(60)
+    finally:
+        for name in ("benchmark_gpu", "benchmark_gpu_with_cuda_graph"):
+            if name in vars(benchmarker):
+                delattr(benchmarker, name)  # the class's own method again, for the other tests

@@ -2,7 +2,8 @@
 
 `update_file_atomically` adds a lock around read-modify-write, so concurrent processes sharing one
 file (a TensorRT timing cache) take turns and none loses another's update; `exclusive_lock` is that lock
-for any work that processes must do one at a time.
+for any work that processes must do one at a time (`shared_lock`, its other side, for work they may do together
+but never beside the exclusive holder).
 """
 
 from __future__ import annotations
@@ -59,12 +60,26 @@ def exclusive_lock(path: Path, waited: Callable[[float], None] | None = None) ->
     """Hold an exclusive `flock` on the file `path` (created if missing) for the block, across processes;
     yields the seconds spent waiting for it, also given to `waited` when the wait was noticeable (0.1 s or
     more). The kernel drops the lock when its process dies, so a killed holder never leaves it held."""
+    with _flock(path, fcntl.LOCK_EX, waited) as wait:
+        yield wait
+
+
+@contextlib.contextmanager
+def shared_lock(path: Path, waited: Callable[[float], None] | None = None) -> Iterator[float]:
+    """`exclusive_lock`'s shared side: any number of processes hold it together, none while one holds the
+    exclusive lock on the same file."""
+    with _flock(path, fcntl.LOCK_SH, waited) as wait:
+        yield wait
+
+
+@contextlib.contextmanager
+def _flock(path: Path, operation: int, waited: Callable[[float], None] | None) -> Iterator[float]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)  # flock needs no write access: others may share it
     try:
         started = time.perf_counter()
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        fcntl.flock(fd, operation)
         wait = time.perf_counter() - started
         if waited is not None and wait >= 0.1:
             waited(wait)

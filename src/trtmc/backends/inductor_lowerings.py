@@ -21,7 +21,7 @@ import torch
 from ..graph import Graph
 from . import Progress
 from .fused_convolutions import fused_convolutions
-from .gpu_lock import cuda_device_name, lock_path, timing_alone
+from .gpu_lock import cuda_device_name, lock_path, share_gpu_with_timing, timing_alone
 from .torch_lowering import channels_last_weights, depthwise_taps_nodes, is_depthwise, to_fx, vector_product_nodes
 
 log = logging.getLogger(__name__)
@@ -143,9 +143,12 @@ def choose_lowering(compiled: "CompiledCuda", graph: Graph, example: torch.Tenso
     """Compile every candidate lowering at the example's batch size, replay each in a CUDA graph, time them interleaved, and
     keep the fastest (the plain one unless another is `MIN_GAIN` faster). A candidate that fails to compile
     or capture is recorded with its error; the plain one must work. The timing holds the GPU's timing lock
-    (`gpu_lock`): builds running side by side compile together but time one at a time."""
+    (`gpu_lock`): builds running side by side compile together but time one at a time, and no process's Inductor
+    benchmarks its kernels meanwhile."""
     batch = example.shape[0]
     candidates = lowering_candidates(graph, batch)
+    lock = lock_path(cuda_device_name(example.device.index or 0))
+    share_gpu_with_timing(lock)  # this build's autotuning never runs while another build times
     if len(candidates) == 1:  # nothing to choose: compile the plain lowering, as before there were candidates
         progress(f"compiling with Inductor for CUDA, batch {batch}")
         with torch.no_grad():
@@ -161,8 +164,8 @@ def choose_lowering(compiled: "CompiledCuda", graph: Graph, example: torch.Tenso
                 raise
             log.info("the %s lowering at batch %d failed", name, batch, exc_info=True)
             errors[name] = f"{type(exc).__name__}: {exc}"
-    with timing_alone(lock_path(cuda_device_name(example.device.index or 0)),
-                      lambda s: progress(f"batch {batch}: waited {s:.1f} s for another build's timing to end")):
+    with timing_alone(lock, lambda s: progress(f"batch {batch}: waited {s:.1f} s for the GPU (other builds' "
+                                               "timing or benchmarks) to be free")):
         ms = _replay_ms(graphs)
     del graphs
     torch.cuda.empty_cache()
