@@ -14,14 +14,19 @@ def _hold(path, seconds, ready):
         time.sleep(seconds)
 
 
-def _holder(path, seconds):
-    """Another process holding the lock for `seconds`, started and holding it already."""
+def _started(target, *args):
+    """Another process running `target(*args, ready)`, once it has said it holds what it takes (`ready`)."""
     ctx = multiprocessing.get_context("spawn")
     ready = ctx.Event()
-    holder = ctx.Process(target=_hold, args=(path, seconds, ready))
-    holder.start()
-    assert ready.wait(60), "the holding process never took the lock"
-    return holder
+    process = ctx.Process(target=target, args=(*args, ready))
+    process.start()
+    assert ready.wait(60), f"the process running {target.__name__} never got going"
+    return process
+
+
+def _holder(path, seconds):
+    """Another process holding the lock for `seconds`, started and holding it already."""
+    return _started(_hold, path, seconds)
 
 
 def test_lock_path_is_one_file_per_gpu_with_a_safe_name(tmp_path):
@@ -86,20 +91,15 @@ def _hold_turnstile(path, seconds, ready):
         time.sleep(seconds)
 
 
-def _started(target, *args):
-    ctx = multiprocessing.get_context("spawn")
-    ready = ctx.Event()
-    process = ctx.Process(target=target, args=(*args, ready))
-    process.start()
-    assert ready.wait(60), f"the process running {target.__name__} never got going"
-    return process
-
-
-def _seconds_to_enter(block) -> float:
-    started = time.perf_counter()
-    with block:
-        pass
-    return time.perf_counter() - started
+def _wait_to_benchmark_beside(path, target, seconds) -> float:
+    """The seconds this process waits to benchmark while another process runs `target` for `seconds`."""
+    other = _started(target, path, seconds)
+    try:
+        started = time.perf_counter()
+        with benchmarking_beside(path):
+            return time.perf_counter() - started
+    finally:
+        other.join(60)
 
 
 def test_a_build_waits_to_time_until_benchmarks_in_other_processes_end(tmp_path):
@@ -115,41 +115,25 @@ def test_a_build_waits_to_time_until_benchmarks_in_other_processes_end(tmp_path)
 
 def test_a_benchmark_waits_while_a_build_times(tmp_path):
     path = lock_path("GPU-test", tmp_path)
-    timing = _holder(path, 1.0)
-    try:
-        assert _seconds_to_enter(benchmarking_beside(path)) >= 0.5
-    finally:
-        timing.join(60)
+    assert _wait_to_benchmark_beside(path, _hold, 1.0) >= 0.5
 
 
 def test_benchmarks_of_several_processes_run_together(tmp_path):
     path = lock_path("GPU-test", tmp_path)
-    benchmarking = _started(_benchmark, path, 2.0)
-    try:
-        assert _seconds_to_enter(benchmarking_beside(path)) < 0.5
-    finally:
-        benchmarking.join(60)
+    assert _wait_to_benchmark_beside(path, _benchmark, 2.0) < 0.5
 
 
 def test_a_build_waiting_to_time_holds_back_new_benchmarks(tmp_path):
     # Without the turnstile, a stream of overlapping benchmarks from 14 processes could keep a build from ever timing.
     path = lock_path("GPU-test", tmp_path)
-    waiting_build = _started(_hold_turnstile, path, 1.0)
-    try:
-        assert _seconds_to_enter(benchmarking_beside(path)) >= 0.5
-    finally:
-        waiting_build.join(60)
+    assert _wait_to_benchmark_beside(path, _hold_turnstile, 1.0) >= 0.5
 
 
 def test_a_benchmark_inside_a_benchmark_does_not_queue_behind_a_waiting_build(tmp_path):
     # The inner one passing the turnstile again would wait for a build that waits for the outer one: a deadlock.
     path = lock_path("GPU-test", tmp_path)
     with benchmarking_beside(path):
-        waiting_build = _started(_hold_turnstile, path, 2.0)
-        try:
-            assert _seconds_to_enter(benchmarking_beside(path)) < 0.5
-        finally:
-            waiting_build.join(60)
+        assert _wait_to_benchmark_beside(path, _hold_turnstile, 2.0) < 0.5
 
 
 def test_inductors_benchmarks_take_their_share_once_hooked(tmp_path):
