@@ -4,7 +4,7 @@ benchmarks its kernels meanwhile."""
 import multiprocessing
 import time
 
-from trtmc.backends.gpu_lock import benchmarking_beside, lock_path, share_gpu_with_timing, timing_alone
+from trtmc.backends.gpu_lock import HOOKED_METHODS, benchmarking_beside, lock_path, share_gpu_with_timing, timing_alone
 from trtmc.files import exclusive_lock
 
 
@@ -154,6 +154,6 @@ def test_inductors_benchmarks_take_their_share_once_hooked(tmp_path):
         finally:
             timing.join(60)
     finally:
-        for name in ("benchmark_gpu", "benchmark_gpu_with_cuda_graph"):
+        for name in HOOKED_METHODS:
             if name in vars(benchmarker):
                 delattr(benchmarker, name)  # the class's own method again, for the other tests

@@ -31,9 +31,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True, help="folder for results.json, results.md, latency.png")
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="the bench's entries, in their order")
     args = parser.parse_args()
-    # As `trtmc bench --random-weights`: random weights for every entry whose model is not a local folder.
-    entries = [e if Path(e.model).expanduser().is_dir() else e.with_random_weights()
-               for e in load_config(args.config).entries]
+    entries = [e.with_random_weights() for e in load_config(args.config).entries]  # as `trtmc bench --random-weights`
     with tempfile.TemporaryDirectory() as workdir:
         with tarfile.open(args.records) as tar:
             tar.extractall(workdir, filter="data")

@@ -90,25 +90,20 @@ def benchmarking_beside(path: Path) -> Iterator[None]:
     build's timing does not. Waits while a build times or waits to time; nested blocks take it once (a second
     pass through the turnstile, held by a waiting build, would wait for the build that waits for this one). A
     lock this process may not open is logged once and the benchmark goes on without it."""
-    if getattr(_depth, "value", 0):
-        _depth.value += 1
-        try:
-            yield
-        finally:
-            _depth.value -= 1
-        return
+    depth = getattr(_depth, "value", 0)
     with contextlib.ExitStack() as stack:
-        try:
-            with exclusive_lock(_turnstile(path)):
-                pass
-            stack.enter_context(shared_lock(path))
-        except OSError as exc:
-            _warn_once(path, str(exc))
-        _depth.value = 1
+        if not depth:
+            try:
+                with exclusive_lock(_turnstile(path)):
+                    pass
+                stack.enter_context(shared_lock(path))
+            except OSError as exc:
+                _warn_once(path, str(exc))
+        _depth.value = depth + 1
         try:
             yield
         finally:
-            _depth.value = 0
+            _depth.value = depth
 
 
 @functools.lru_cache(maxsize=None)
@@ -117,6 +112,7 @@ def _warn_once(path: Path, exc: str) -> None:
 
 
 _HOOKED = "_trtmc_timing_lock"  # the attribute a hooked benchmark method carries: its lock's path
+HOOKED_METHODS = ("benchmark_gpu", "benchmark_gpu_with_cuda_graph")  # of Inductor's `benchmarker`
 
 
 def share_gpu_with_timing(path: Path) -> bool:
@@ -129,7 +125,7 @@ def share_gpu_with_timing(path: Path) -> bool:
     except ImportError as exc:
         log.info("no Inductor benchmarker to share the GPU timing lock with (%s)", exc)
         return False
-    for name in ("benchmark_gpu", "benchmark_gpu_with_cuda_graph"):
+    for name in HOOKED_METHODS:
         method = getattr(benchmarker, name, None)
         if method is None or getattr(method, _HOOKED, None) is not None:
             continue

@@ -227,7 +227,7 @@ def entries_from_args(args) -> tuple[Entry, ...]:
     for entry in entries:
         if overrides:
             entry = replace(entry, protocol=replace(entry.protocol, **overrides))
-        if args.random_weights and not Path(entry.model).expanduser().is_dir():
+        if args.random_weights:
             entry = entry.with_random_weights()
         entry.validate(f"entry {entry.name}")
         if entry.weights == "checkpoint" and "/" not in entry.model and not Path(entry.model).expanduser().exists():

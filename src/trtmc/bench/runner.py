@@ -515,20 +515,28 @@ def _save_record(options: BenchOptions, result: EntryResult, env: dict[str, Any]
     write_bytes_atomically(path, pickle.dumps(record))
 
 
+def _read_record(workdir: Path, entry: Entry) -> dict[str, Any] | None:
+    """The record a run left for `entry`'s name in `workdir`: None if there is none or it does not unpickle (a
+    record of another trtmc version)."""
+    import pickle
+
+    path = _record_path(workdir, entry)
+    if not path.is_file():
+        return None
+    try:
+        return pickle.loads(path.read_bytes())
+    except Exception:
+        log.debug("unreadable record %s", path, exc_info=True)
+        return None
+
+
 def _resumed_record(options: BenchOptions, entry: Entry, env: dict[str, Any]) -> tuple[EntryResult, str] | None:
     """The result an earlier run timed for `entry` in this workdir, with that run's start, if the
     entry is the same (model, precision, batch sizes, protocol...), and so are the environment
     (machine, versions) and the options that make its rows (device, backend, baselines); None otherwise."""
-    import pickle
-
-    path = _record_path(options.workdir, entry)
-    if not path.is_file():
-        return None
-    try:
-        record = pickle.loads(path.read_bytes())
-    except Exception:  # a record of another trtmc version: time the entry again
-        log.debug("unreadable record %s", path, exc_info=True)
-        return None
+    record = _read_record(options.workdir, entry)
+    if record is None:
+        return None  # time the entry again
     if (record["result"].entry, record["environment"], record["options"]) != (entry, env, _timed_with(options)):
         return None
     return record["result"], record["started"]
@@ -539,15 +547,13 @@ def recorded_result(entries: tuple[Entry, ...] | list[Entry], workdir: Path) -> 
     environment, its options): for a bench whose last call ran out of time before its report. Nothing is timed or
     judged again. Every entry needs a record of that very entry, and all records one environment and one set of
     options; a ValueError says which ones do not."""
-    import pickle
-
     started, clock = time.strftime("%Y-%m-%dT%H:%M:%S%z"), time.perf_counter()
     records = {}
     for entry in entries:
-        path = _record_path(workdir, entry)
-        if not path.is_file():
-            raise ValueError(f"{entry.name} has no record in {path.parent}: time it first")
-        records[entry.name] = pickle.loads(path.read_bytes())
+        records[entry.name] = _read_record(workdir, entry)
+        if records[entry.name] is None:
+            raise ValueError(f"{entry.name} has no record in {Path(workdir) / RECORDS} that this code reads: "
+                             "time it first")
         if records[entry.name]["result"].entry != entry:
             raise ValueError(f"{entry.name}'s record is of another definition of the entry: time it again")
     first = next(iter(records.values()))

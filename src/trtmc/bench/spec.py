@@ -195,6 +195,10 @@ class Entry:
             self.folder.validate(f"{where}: folder")
 
     def with_random_weights(self) -> "Entry":
+        """The entry as `--random-weights` benches it: timm's architecture with random weights, unless its model
+        is a local folder (a checkpoint on disk is benched with its own weights)."""
+        if Path(self.model).expanduser().is_dir():
+            return self
         return replace(self, weights="random")
 
 
