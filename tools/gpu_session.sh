@@ -6,6 +6,9 @@
 #   cold         `trtmc -v classify BUNDLE chelsea.png` in a fresh process with empty Inductor and Triton disk
 #                caches (a user's first run on a new machine: only the bundle's caches): the quick start (the
 #                default) for lite0 twice, ghostnet_100 and resnet50, then lite0 `--compiled` for comparison
+#   coldkernel   convnext_tiny built at batch 1 (random weights; its build keeps trtmc's Triton depthwise kernel), then
+#                `trtmc -v classify BUNDLE chelsea.png --compiled` twice as `cold` runs it: the kernel's compile on a
+#                machine whose Triton cache never saw it
 #   folders      `trtmc classify` over 2,002 and 20,000 photos (the 22 repo photos linked round-robin), then the
 #                2,002 with `--compiled` and with `--resize-on workers`
 #   firstcall    tools/first_call_probe.py: the quick start's first uncompiled call profiled, with cuDNN and with
@@ -20,7 +23,9 @@
 #   templates    tools/autotune_probe.py (issue 12's template levers, never yet run on the GPU): Triton GEMM templates
 #                with the GELU in their epilogue for vit_base_patch16_224 and convnext_tiny, then Triton convolution
 #                templates for resnet50, each against the expert at batch 1 and 128, one model at a time (an equal
-#                share of the time left each); results in templates/ARCH.json after every batch size
+#                share of the time left each); results in templates/ARCH.json after every batch size;
+#                TEMPLATES_ARCHS="vit_base_patch16_224 ..." and TEMPLATES_BATCHES="128" narrow it (run 24: one
+#                model's two batch sizes need ~250 s)
 #   dwtriton     tools/depthwise_taps_probe.py: the engine against the engine with every depthwise convolution it
 #                leaves to cuDNN on trtmc's Triton kernel (`trtmc.backends.depthwise_kernel`; run 21), batch
 #                1 and 128, for the four entries whose depthwise convolutions cuDNN still runs at batch 1
@@ -136,12 +141,21 @@ cold_one() {  # NAME BUNDLE [ENV=VALUE ...]
     rm -rf "$caches"
 }
 
-cold() {
+cold() {  # builds the bundles first where `bundles` has not (run 24's `cold` alone found none)
+    [ -f "$WORK/lite0.bundle" ] && [ -f "$WORK/ghostnet_100.bundle" ] && [ -f "$WORK/resnet50.bundle" ] || bundles
     EXTRA= cold_one cold-lite0-1 lite0
     EXTRA= cold_one cold-lite0-2 lite0
     EXTRA= cold_one cold-ghostnet_100 ghostnet_100
     EXTRA= cold_one cold-resnet50 resnet50
     EXTRA=--compiled cold_one cold-lite0-compiled lite0
+}
+
+coldkernel() {  # convnext_tiny at batch 1, where its build keeps trtmc's Triton depthwise kernel: the compiled first
+    random_checkpoints convnext_tiny  # answer in a fresh process whose Triton cache never saw the kernel, twice
+    [ -f "$WORK/convnext_tiny.bundle" ] || build_one convnext_tiny "$WORK/convnext_tiny" 1
+    cat "$WORK/build-convnext_tiny.log" >>"$LOG" 2>/dev/null
+    EXTRA=--compiled cold_one cold-convnext_tiny-compiled-1 convnext_tiny
+    EXTRA=--compiled cold_one cold-convnext_tiny-compiled-2 convnext_tiny
 }
 
 folders() {
@@ -249,9 +263,13 @@ inductor_options() {  # FOLDER "BATCH..." ARCH:VARIANT...: tools/autotune_probe.
     done
 }
 
-templates() {
-    inductor_options templates "1 128" vit_base_patch16_224:gemm_templates convnext_tiny:gemm_templates \
-        resnet50:max_autotune_templates
+templates() {  # TEMPLATES_ARCHS picks models (run 24: a 300 s call measured vit_base's batch 1 only)
+    local pairs=(vit_base_patch16_224:gemm_templates convnext_tiny:gemm_templates resnet50:max_autotune_templates)
+    local chosen=() pair
+    for pair in "${pairs[@]}"; do
+        [[ " ${TEMPLATES_ARCHS:-${pairs[*]%%:*}} " == *" ${pair%%:*} "* ]] && chosen+=("$pair")
+    done
+    inductor_options templates "${TEMPLATES_BATCHES:-1 128}" "${chosen[@]}"
 }
 
 pdl() {
