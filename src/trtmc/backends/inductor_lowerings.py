@@ -5,7 +5,8 @@ The plain lowering runs depthwise convolutions as fused taps and 1x1 convolution
 where those measured faster (`torch_lowering`); the cuDNN-fused one also runs each half-precision convolution
 with its bias, residual add and ReLU as one cuDNN call (`fused_convolutions`); the depthwise-kernel one runs
 the depthwise convolutions the plain one leaves to cuDNN on trtmc's Triton kernel (`depthwise_kernel`, at
-batch 1). A build compiles each candidate, replays it in a CUDA graph, times them interleaved under the GPU's
+batch 1); the GEMM-templates one lets Inductor pick each matrix product's kernel among its Triton templates and
+cuBLAS by timing them (in transformers, at batch 1). A build compiles each candidate, replays it in a CUDA graph, times them interleaved under the GPU's
 timing lock (`gpu_lock`) and records the choice in the engine's record (`LOWERINGS`); loading compiles the
 recorded one from the caches.
 """
@@ -18,7 +19,7 @@ from typing import Any, Mapping
 
 import torch
 
-from ..graph import Graph
+from ..graph import Graph, OpKind
 from . import Progress
 from .fused_convolutions import fused_convolutions
 from .gpu_lock import cuda_device_name, lock_path, share_gpu_with_timing, timing_alone
@@ -29,7 +30,7 @@ log = logging.getLogger(__name__)
 
 LOWERINGS = "lowerings"  # the engine record's key: per batch size, the lowering chosen at build and why
 INDUCTOR_OPTIONS = "inductor_options"  # the engine record's key: the Inductor options the build compiled with
-PLAIN, FUSED, KERNEL = "plain", "cudnn-fused", "depthwise-kernel"
+PLAIN, FUSED, KERNEL, GEMM = "plain", "cudnn-fused", "depthwise-kernel", "gemm-templates"
 # A candidate replaces the plain lowering only when its quickest replay is at least this much faster: two
 # compiles of the same graph time within ~1% of each other (benchmarks/NOTES.md, run 6).
 MIN_GAIN = 0.01
@@ -52,6 +53,18 @@ PDL = "triton.enable_pdl"
 DEPTHWISE_KERNEL_AT_BUILD = True
 DEPTHWISE_KERNEL_MAX_BATCH = 1
 MIN_ON_KERNEL = 4
+
+# Inductor's Triton GEMM templates beside cuBLAS (`max_autotune_gemm`: each matrix product's choices benchmarked
+# at compile, the winner's bias and activation fused into its epilogue) as a candidate where the graph has at
+# least `MIN_GEMMS` matrix products (transformers: 37-52 in the bench's; convolutional networks have one, their
+# classifier), at batch sizes up to `GEMM_TEMPLATES_MAX_BATCH`. Measured on timm's model under torch.compile
+# (tools/autotune_probe.py, run 24, H100): vit_base_patch16_224 at batch 1 0.617 -> 0.575 ms, for 39.7 s of
+# compile against 2.5 s; batch 128 not yet measured. Loading compiles from the bundle's caches, which hold the
+# chosen kernels: no benchmarking then.
+GEMM_TEMPLATES_AT_BUILD = True
+GEMM_TEMPLATES_MAX_BATCH = 1
+MIN_GEMMS = 24
+GEMM_TEMPLATE_OPTIONS = {"max_autotune_gemm": True, "max_autotune_gemm_backends": "ATEN,TRITON"}
 
 
 def inductor_options(capability: tuple[int, int]) -> dict[str, Any]:
@@ -80,12 +93,14 @@ class Lowering:
     """How the CUDA engine lowers the graph at one batch size: the depthwise convolutions run as taps, the
     1x1 convolutions on 1x1 maps as products, and either (`fused`) each convolution with its bias, residual add
     and ReLU as one cuDNN call (`fused_convolutions`) or (`depthwise_kernel`) the depthwise convolutions that are
-    not taps on trtmc's Triton kernel (`depthwise_kernel`)."""
+    not taps on trtmc's Triton kernel (`depthwise_kernel`); with `gemm_templates`, Inductor times its Triton GEMM
+    templates against cuBLAS for each matrix product (`GEMM_TEMPLATE_OPTIONS`)."""
 
     taps: frozenset[str]
     products: frozenset[str]
     fused: bool = False
     depthwise_kernel: bool = False
+    gemm_templates: bool = False
 
     def __post_init__(self) -> None:
         if self.fused and self.depthwise_kernel:
@@ -103,8 +118,13 @@ class Lowering:
         fx = to_fx(graph, quantized_gemms=True, depthwise_taps=self.taps, vector_products=self.products, fusions=fusions)
         return channels_last_weights(fx.eval().to(device), graph)
 
+    def inductor_options(self) -> dict[str, Any]:
+        """The Inductor options this lowering adds to the build's own (`inductor_options`)."""
+        return dict(GEMM_TEMPLATE_OPTIONS) if self.gemm_templates else {}
 
-def lowering_candidates(graph: Graph, batch: int, depthwise_kernel: bool | None = None) -> dict[str, Lowering]:
+
+def lowering_candidates(graph: Graph, batch: int, depthwise_kernel: bool | None = None,
+                        gemm_templates: bool | None = None) -> dict[str, Lowering]:
     """The lowerings a build times at `batch`: the plain one (taps and products where measured faster, run 9
     and 11) and, where the graph has ReLUs after half-precision convolutions, the same with those fused, except
     where the plain lowering runs most depthwise convolutions as taps (at batch 1): there the ReLU before a
@@ -113,7 +133,11 @@ def lowering_candidates(graph: Graph, batch: int, depthwise_kernel: bool | None 
     and slower on the other 5, for a second compile of the graph (ghostnet_100: 43 s of a 139 s build).
     `depthwise_kernel` (default `DEPTHWISE_KERNEL_AT_BUILD`; a loaded engine passes True, so that a bundle whose
     build chose it runs it) also offers the depthwise-kernel lowering up to `DEPTHWISE_KERNEL_MAX_BATCH` where
-    cuDNN would run at least `MIN_ON_KERNEL` depthwise convolutions."""
+    cuDNN would run at least `MIN_ON_KERNEL` depthwise convolutions. `gemm_templates` (default
+    `GEMM_TEMPLATES_AT_BUILD`; a loaded engine passes True) likewise offers the GEMM-templates lowering up to
+    `GEMM_TEMPLATES_MAX_BATCH` where the graph has at least `MIN_GEMMS` matrix products, on top of the
+    depthwise kernel where that is offered too (a transformer with depthwise convolutions, edgenext_small's,
+    would otherwise have to pick one of the two)."""
     plain = Lowering(depthwise_taps_nodes(graph, batch), vector_product_nodes(graph, batch))
     candidates = {PLAIN: plain}
     depthwise = [node.name for node in graph.nodes if is_depthwise(node, graph)]
@@ -124,7 +148,16 @@ def lowering_candidates(graph: Graph, batch: int, depthwise_kernel: bool | None 
     offered = DEPTHWISE_KERNEL_AT_BUILD if depthwise_kernel is None else depthwise_kernel
     if offered and batch <= DEPTHWISE_KERNEL_MAX_BATCH and on_cudnn >= MIN_ON_KERNEL:
         candidates[KERNEL] = Lowering(plain.taps, plain.products, depthwise_kernel=True)
+    offered = GEMM_TEMPLATES_AT_BUILD if gemm_templates is None else gemm_templates
+    if offered and batch <= GEMM_TEMPLATES_MAX_BATCH and gemm_count(graph) >= MIN_GEMMS:
+        candidates[GEMM] = Lowering(plain.taps, plain.products, depthwise_kernel=KERNEL in candidates,
+                                    gemm_templates=True)
     return candidates
+
+
+def gemm_count(graph: Graph) -> int:
+    """The graph's matrix products: its linear and matmul ops (attention is its own kernel, SDPA's)."""
+    return sum(node.kind in (OpKind.LINEAR, OpKind.MATMUL) for node in graph.nodes)
 
 
 @dataclass(frozen=True)
@@ -235,17 +268,22 @@ class CompiledCuda:
         self._chosen[batch] = name
         self._by_batch.pop(batch, None)
 
+    def options_for(self, lowering: Lowering) -> dict[str, Any]:
+        """The Inductor options `lowering` compiles with: the build's, then the lowering's own."""
+        return {**self.options, **known_options(lowering.inductor_options())}
+
     def module_for(self, lowering: Lowering, device: torch.device) -> torch.nn.Module:
         if lowering not in self._by_lowering:
+            options = self.options_for(lowering)
             self._by_lowering[lowering] = torch.compile(lowering.module(self._graph, device), dynamic=False,
-                                                        options=self.options or None)
+                                                        options=options or None)
         return self._by_lowering[lowering]
 
     def __call__(self, pixels: torch.Tensor) -> torch.Tensor:
         batch = pixels.shape[0]
         if batch in self._by_batch:
             return self._by_batch[batch](pixels)
-        candidates = lowering_candidates(self._graph, batch, depthwise_kernel=True)
+        candidates = lowering_candidates(self._graph, batch, depthwise_kernel=True, gemm_templates=True)
         name = self._chosen.get(batch, PLAIN)
         if name not in candidates:
             raise RuntimeError(f"the engine was built with the {name!r} lowering at batch {batch}, which this "

@@ -18,7 +18,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
+
+if TYPE_CHECKING:  # torch is imported where the oracle computes, not to read this module
+    import torch
 
 SHIPPED_PHOTOS = "examples/images"  # in the repository, beside src/
 PHOTOS = Path(__file__).resolve().parents[3] / SHIPPED_PHOTOS
