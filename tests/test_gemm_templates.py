@@ -56,6 +56,10 @@ def test_the_gemm_templates_ride_on_the_depthwise_kernel_where_both_are_offered(
     offered = lowering_candidates(_token_mlps(MIN_GEMMS, depthwise=4), 1, depthwise_kernel=True, gemm_templates=True)
     assert list(offered) == [PLAIN, KERNEL, GEMM]
     assert offered[GEMM].depthwise_kernel and offered[GEMM].gemm_templates and not offered[KERNEL].gemm_templates
+    # A load offers every candidate (depthwise_kernel=True); a build may not time the kernel alone: the GEMM
+    # candidate is the same lowering either way, so a load compiles what its build timed.
+    built = lowering_candidates(_token_mlps(MIN_GEMMS, depthwise=4), 1, depthwise_kernel=False, gemm_templates=True)
+    assert list(built) == [PLAIN, GEMM] and built[GEMM] == offered[GEMM]
 
 
 def test_only_the_gemm_templates_lowering_asks_inductor_for_triton_templates_beside_cublas():
@@ -64,7 +68,8 @@ def test_only_the_gemm_templates_lowering_asks_inductor_for_triton_templates_bes
     compiled = compile_cuda(graph, options={"coordinate_descent_tuning": True})
     assert compiled.options_for(offered[PLAIN]) == {"coordinate_descent_tuning": True}
     assert compiled.options_for(offered[GEMM]) == {"coordinate_descent_tuning": True, **GEMM_TEMPLATE_OPTIONS}
-    assert GEMM_TEMPLATE_OPTIONS["max_autotune_gemm"] and "TRITON" in GEMM_TEMPLATE_OPTIONS["max_autotune_gemm_backends"]
+    assert GEMM_TEMPLATE_OPTIONS["max_autotune_gemm"]
+    assert "TRITON" in GEMM_TEMPLATE_OPTIONS["max_autotune_gemm_backends"]
 
 
 @pytest.mark.slow

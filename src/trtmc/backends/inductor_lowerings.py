@@ -6,9 +6,9 @@ where those measured faster (`torch_lowering`); the cuDNN-fused one also runs ea
 with its bias, residual add and ReLU as one cuDNN call (`fused_convolutions`); the depthwise-kernel one runs
 the depthwise convolutions the plain one leaves to cuDNN on trtmc's Triton kernel (`depthwise_kernel`, at
 batch 1); the GEMM-templates one lets Inductor pick each matrix product's kernel among its Triton templates and
-cuBLAS by timing them (in transformers, at batch 1). A build compiles each candidate, replays it in a CUDA graph, times them interleaved under the GPU's
-timing lock (`gpu_lock`) and records the choice in the engine's record (`LOWERINGS`); loading compiles the
-recorded one from the caches.
+cuBLAS by timing them (in transformers, at batch 1). A build compiles each candidate, replays it in a CUDA
+graph, times them interleaved under the GPU's timing lock (`gpu_lock`) and records the choice in the engine's
+record (`LOWERINGS`); loading compiles the recorded one from the caches.
 """
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ MIN_ON_KERNEL = 4
 # least `MIN_GEMMS` matrix products (transformers: 37-52 in the bench's; convolutional networks have one, their
 # classifier), at batch sizes up to `GEMM_TEMPLATES_MAX_BATCH`. Measured on timm's model under torch.compile
 # (tools/autotune_probe.py, run 24, H100): vit_base_patch16_224 at batch 1 0.617 -> 0.575 ms, for 39.7 s of
-# compile against 2.5 s; batch 128 not yet measured. Loading compiles from the bundle's caches, which hold the
-# chosen kernels: no benchmarking then.
+# compile against 2.5 s; batch 128 not yet measured. A load that hits the bundle's caches gets the chosen
+# kernels without benchmarking; one that misses them (another GPU, another torch) autotunes again.
 GEMM_TEMPLATES_AT_BUILD = True
 GEMM_TEMPLATES_MAX_BATCH = 1
 MIN_GEMMS = 24
@@ -136,22 +136,22 @@ def lowering_candidates(graph: Graph, batch: int, depthwise_kernel: bool | None 
     cuDNN would run at least `MIN_ON_KERNEL` depthwise convolutions. `gemm_templates` (default
     `GEMM_TEMPLATES_AT_BUILD`; a loaded engine passes True) likewise offers the GEMM-templates lowering up to
     `GEMM_TEMPLATES_MAX_BATCH` where the graph has at least `MIN_GEMMS` matrix products, on top of the
-    depthwise kernel where that is offered too (a transformer with depthwise convolutions, edgenext_small's,
-    would otherwise have to pick one of the two)."""
+    depthwise kernel wherever the kernel's own conditions hold (a transformer with depthwise convolutions,
+    edgenext_small's, would otherwise have to pick one of the two); those conditions are the graph's alone,
+    not `depthwise_kernel`'s, so that a load rebuilds the lowering its build timed."""
     plain = Lowering(depthwise_taps_nodes(graph, batch), vector_product_nodes(graph, batch))
     candidates = {PLAIN: plain}
     depthwise = [node.name for node in graph.nodes if is_depthwise(node, graph)]
     mostly_taps = bool(depthwise) and 2 * len(plain.taps) >= len(depthwise)
     if not mostly_taps and fused_convolutions(graph, exclude=plain.taps | plain.products):
         candidates[FUSED] = Lowering(plain.taps, plain.products, fused=True)
-    on_cudnn = len(set(depthwise) - plain.taps)
+    kernel_pays = batch <= DEPTHWISE_KERNEL_MAX_BATCH and len(set(depthwise) - plain.taps) >= MIN_ON_KERNEL
     offered = DEPTHWISE_KERNEL_AT_BUILD if depthwise_kernel is None else depthwise_kernel
-    if offered and batch <= DEPTHWISE_KERNEL_MAX_BATCH and on_cudnn >= MIN_ON_KERNEL:
+    if offered and kernel_pays:
         candidates[KERNEL] = Lowering(plain.taps, plain.products, depthwise_kernel=True)
     offered = GEMM_TEMPLATES_AT_BUILD if gemm_templates is None else gemm_templates
     if offered and batch <= GEMM_TEMPLATES_MAX_BATCH and gemm_count(graph) >= MIN_GEMMS:
-        candidates[GEMM] = Lowering(plain.taps, plain.products, depthwise_kernel=KERNEL in candidates,
-                                    gemm_templates=True)
+        candidates[GEMM] = Lowering(plain.taps, plain.products, depthwise_kernel=kernel_pays, gemm_templates=True)
     return candidates
 
 
