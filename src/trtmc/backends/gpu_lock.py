@@ -61,6 +61,11 @@ def cuda_device_name(index: int = 0) -> str:
         return "pci-" + "-".join(map(str, location)) if None not in location else f"cuda{index}"
 
 
+def device_lock(index: int = 0) -> Path:
+    """The timing lock of CUDA device `index`, in the temporary folder: the one every process using it shares."""
+    return lock_path(cuda_device_name(index))
+
+
 @contextlib.contextmanager
 def timing_alone(path: Path, waited: Callable[[float], None] | None = None) -> Iterator[float]:
     """Hold the GPU's timing lock at `path` for the block: no other build times and no process benchmarks

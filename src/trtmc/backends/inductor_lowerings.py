@@ -22,7 +22,7 @@ import torch
 from ..graph import Graph, OpKind
 from . import Progress
 from .fused_convolutions import fused_convolutions
-from .gpu_lock import cuda_device_name, lock_path, share_gpu_with_timing, timing_alone
+from .gpu_lock import device_lock, share_gpu_with_timing, timing_alone
 from .torch_lowering import channels_last_weights, depthwise_taps_nodes, is_depthwise, to_fx, vector_product_nodes
 
 log = logging.getLogger(__name__)
@@ -180,7 +180,7 @@ def choose_lowering(compiled: "CompiledCuda", graph: Graph, example: torch.Tenso
     benchmarks its kernels meanwhile."""
     batch = example.shape[0]
     candidates = lowering_candidates(graph, batch)
-    lock = lock_path(cuda_device_name(example.device.index or 0))
+    lock = device_lock(example.device.index or 0)
     share_gpu_with_timing(lock)  # this build's autotuning never runs while another build times
     if len(candidates) == 1:  # nothing to choose: compile the plain lowering, as before there were candidates
         progress(f"compiling with Inductor for CUDA, batch {batch}")

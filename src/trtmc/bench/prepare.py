@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from ..backends.gpu_lock import cuda_device_name, lock_path, share_gpu_with_timing
+from ..backends.gpu_lock import device_lock, share_gpu_with_timing
 from ..random_weights import load_timm_model
 from . import oracle
 from .baselines import COMPILED, make_baseline
@@ -87,7 +87,7 @@ def _compile_baselines(entry: Entry, source: ModelSource, options: BenchOptions,
     from ..checkpoint import Checkpoint
 
     if str(options.device).startswith("cuda"):  # their autotuning waits while a build beside them times
-        share_gpu_with_timing(lock_path(cuda_device_name(torch.cuda.current_device())))
+        share_gpu_with_timing(device_lock(torch.cuda.current_device()))
     with torch.no_grad():
         model = load_timm_model(source.folder).to(options.device)
         pixels = torch.zeros((1,) + tuple(Checkpoint(source.folder).config.pretrained.input_size), device=options.device)

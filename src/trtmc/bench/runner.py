@@ -550,12 +550,13 @@ def recorded_result(entries: tuple[Entry, ...] | list[Entry], workdir: Path) -> 
     started, clock = time.strftime("%Y-%m-%dT%H:%M:%S%z"), time.perf_counter()
     records = {}
     for entry in entries:
-        records[entry.name] = _read_record(workdir, entry)
-        if records[entry.name] is None:
+        record = _read_record(workdir, entry)
+        if record is None:
             raise ValueError(f"{entry.name} has no record in {Path(workdir) / RECORDS} that this code reads: "
                              "time it first")
-        if records[entry.name]["result"].entry != entry:
+        if record["result"].entry != entry:
             raise ValueError(f"{entry.name}'s record is of another definition of the entry: time it again")
+        records[entry.name] = record
     first = next(iter(records.values()))
     for key in ("environment", "options"):
         differ = [name for name, record in records.items() if record[key] != first[key]]
