@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from trtmc.backends.inductor_lowerings import (
-    GEMM, GEMM_TEMPLATES_AT_BUILD, GEMM_TEMPLATE_OPTIONS, KERNEL, LOWERINGS, MIN_GEMMS, PLAIN, compile_cuda,
-    gemm_count, lowering_candidates,
+    GEMM, GEMM_TEMPLATES_AT_BUILD, GEMM_TEMPLATE_OPTIONS, KERNEL, LOWERINGS, MAX_GEMM_SHAPES, MIN_GEMMS, PLAIN,
+    Lowering, compile_cuda, gemm_count, gemm_shapes, lowering_candidates,
 )
 from trtmc.backends.torch_lowering import GraphModule
 from trtmc.graph import Activation
@@ -17,9 +17,11 @@ from trtmc.graph_builder import GraphBuilder
 from trtmc.passes.precision import PrecisionPolicy, assign_precision
 
 
-def _token_mlps(linears: int, depthwise: int = 0, precision: str = "fp32"):
+def _token_mlps(linears: int, depthwise: int = 0, precision: str = "fp32", widths: int = 1):
     """`depthwise` 7x7 depthwise convolutions on a 16-channel map (none for a plain transformer), its tokens, then
-    `linears` linear layers of 16 features with a GELU after every other one, as in a ViT block's MLP."""
+    `linears` linear layers with a GELU after every other one, as in a ViT block's MLP: of 16 features, or, with
+    `widths` > 2, `widths` matrix products of distinct shapes (each of the first `widths` - 2 layers one feature
+    wider than its input, then one back to 16 features, the rest 16 to 16)."""
     rng = np.random.default_rng(linears)
     g = GraphBuilder()
     y = g.input("pixels", (1, 16, 4, 4))
@@ -27,8 +29,10 @@ def _token_mlps(linears: int, depthwise: int = 0, precision: str = "fp32"):
         y = g.conv2d(y, f"stem.{i}.conv_dw", rng.standard_normal((16, 1, 7, 7)) / 7, rng.standard_normal(16),
                      padding=3, groups=16)
     y = g.transpose(g.reshape(y, (16, 16), "tokens"), (0, 2, 1), "tokens.transpose")
-    for i in range(linears):
-        y = g.linear(y, f"blocks.{i}.fc", rng.standard_normal((16, 16)) / 4, rng.standard_normal(16) / 4)
+    features = [16 + i for i in range(max(widths - 1, 1))] + [16] * (linears + 1 - max(widths - 1, 1))
+    for i, (width_in, width_out) in enumerate(zip(features, features[1:])):
+        y = g.linear(y, f"blocks.{i}.fc", rng.standard_normal((width_out, width_in)) / 4,
+                     rng.standard_normal(width_out) / 4)
         if i % 2 == 0:
             y = g.activation(y, Activation.GELU, f"blocks.{i}.act")
     g.output(g.reshape(y, (256,), "head"))
@@ -38,12 +42,30 @@ def _token_mlps(linears: int, depthwise: int = 0, precision: str = "fp32"):
 def test_the_gemm_templates_lowering_is_offered_at_batch_1_where_the_graph_has_a_transformers_matrix_products():
     graph = _token_mlps(MIN_GEMMS)
     assert gemm_count(graph) == MIN_GEMMS
-    offered = lowering_candidates(graph, 1, gemm_templates=True)
+    offered = lowering_candidates(graph, 1)
     assert list(offered) == [PLAIN, GEMM] and offered[GEMM].gemm_templates and not offered[PLAIN].gemm_templates
-    # Batch 1 only: the one measurement (vit_base_patch16_224, run 24) was at batch 1.
-    assert list(lowering_candidates(graph, 8, gemm_templates=True)) == [PLAIN]
+    # Batch 1 only: the measurements (vit_base_patch16_224, runs 24 and 25) were at batch 1.
+    assert list(lowering_candidates(graph, 8)) == [PLAIN]
     # A convolutional network's one matrix product (its classifier) cannot pay for the candidate's compile.
-    assert list(lowering_candidates(_token_mlps(MIN_GEMMS - 1), 1, gemm_templates=True)) == [PLAIN]
+    assert list(lowering_candidates(_token_mlps(MIN_GEMMS - 1), 1)) == [PLAIN]
+
+
+def test_the_gemm_templates_lowering_is_not_offered_where_too_many_shapes_would_each_be_autotuned():
+    few = _token_mlps(MIN_GEMMS, widths=MAX_GEMM_SHAPES)
+    many = _token_mlps(MIN_GEMMS, widths=MAX_GEMM_SHAPES + 1)
+    assert gemm_count(few) == gemm_count(many) == MIN_GEMMS
+    assert (gemm_shapes(few), gemm_shapes(many)) == (MAX_GEMM_SHAPES, MAX_GEMM_SHAPES + 1)
+    assert list(lowering_candidates(few, 1)) == [PLAIN, GEMM]
+    # Run 25: 13-20 shapes cost 100-275 s of build for at most 10% (levit_128s) and mostly nothing.
+    assert list(lowering_candidates(many, 1)) == [PLAIN]
+
+
+def test_a_loaded_engine_finds_the_gemm_templates_lowering_wherever_a_build_could_have_chosen_it():
+    # A bundle built where the build drew the lines elsewhere (another MIN_GEMMS, MAX_GEMM_SHAPES or batch) still
+    # names a lowering the load can rebuild: the one its build timed.
+    for graph, batch in ((_token_mlps(MIN_GEMMS, widths=MAX_GEMM_SHAPES + 1), 1), (_token_mlps(MIN_GEMMS - 1), 8)):
+        loaded = lowering_candidates(graph, batch, depthwise_kernel=True, gemm_templates=True)
+        assert loaded[GEMM] == Lowering(loaded[PLAIN].taps, loaded[PLAIN].products, gemm_templates=True)
 
 
 def test_a_build_times_the_gemm_templates_at_batch_1():
@@ -58,7 +80,7 @@ def test_the_gemm_templates_ride_on_the_depthwise_kernel_where_both_are_offered(
     assert offered[GEMM].depthwise_kernel and offered[GEMM].gemm_templates and not offered[KERNEL].gemm_templates
     # A load offers every candidate (depthwise_kernel=True); a build may not time the kernel alone: the GEMM
     # candidate is the same lowering either way, so a load compiles what its build timed.
-    built = lowering_candidates(_token_mlps(MIN_GEMMS, depthwise=4), 1, depthwise_kernel=False, gemm_templates=True)
+    built = lowering_candidates(_token_mlps(MIN_GEMMS, depthwise=4), 1, depthwise_kernel=False)
     assert list(built) == [PLAIN, GEMM] and built[GEMM] == offered[GEMM]
 
 

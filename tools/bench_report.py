@@ -6,9 +6,11 @@ results.md and latency.png here from the records' own results, environment and o
 (`trtmc.bench.runner.recorded_result`, then `write_results`): nothing is timed or judged again. Every entry of
 benchmarks/performance.yaml (or --config), as `trtmc bench --random-weights` defines it, needs a record of that very
 entry. As in a `--resume` report, each entry is listed with the start of the run that timed it, and the report's
-time is this assembly's.
+time is this assembly's. With --partial (a bench whose session ended before every entry was timed), the report
+holds the entries that have a record and names the others.
 
     python tools/bench_report.py timed.tar.gz --out benchmarks/results/RUN [--config benchmarks/performance.yaml]
+        [--partial]
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from trtmc.bench.report import write_results
-from trtmc.bench.runner import recorded_result
+from trtmc.bench.runner import recorded_entries, recorded_result
 from trtmc.bench.spec import load_config
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "benchmarks" / "performance.yaml"
@@ -30,11 +32,18 @@ def main() -> int:
     parser.add_argument("records", type=Path, help="a call's timed.tar.gz (a folder timed/ of NAME.pickle inside)")
     parser.add_argument("--out", type=Path, required=True, help="folder for results.json, results.md, latency.png")
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="the bench's entries, in their order")
+    parser.add_argument("--partial", action="store_true",
+                        help="report only the entries with a record (a bench cut short), naming the others")
     args = parser.parse_args()
     entries = [e.with_random_weights() for e in load_config(args.config).entries]  # as `trtmc bench --random-weights`
     with tempfile.TemporaryDirectory() as workdir:
         with tarfile.open(args.records) as tar:
             tar.extractall(workdir, filter="data")
+        if args.partial:
+            recorded = recorded_entries(entries, Path(workdir))
+            missing = [e.name for e in entries if e not in recorded]
+            entries = recorded
+            print(f"{len(entries)} entries with a record; without one: {', '.join(missing) or 'none'}")
         try:
             result = recorded_result(entries, Path(workdir))
         except ValueError as exc:

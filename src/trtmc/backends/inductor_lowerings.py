@@ -61,9 +61,16 @@ MIN_ON_KERNEL = 4
 # (tools/autotune_probe.py, run 24, H100): vit_base_patch16_224 at batch 1 0.617 -> 0.575 ms, for 39.7 s of
 # compile against 2.5 s; batch 128 not yet measured. A load that hits the bundle's caches gets the chosen
 # kernels without benchmarking; one that misses them (another GPU, another torch) autotunes again.
+# Autotuning costs per distinct GEMM shape, so the candidate is offered only where at most `MAX_GEMM_SHAPES`
+# shapes serve the products. Run 25 (H100, the bench's 14-process prepare) offered it to 7 transformers: it won
+# where 5 shapes serve 49 products (vit_base_patch16_224 0.566 -> 0.522 ms, beit_base_patch16_224 0.614 -> 0.569;
+# builds 181 and 81 s, against 24 and 14 s in run 24) and where 13-20 do it cost 100-275 s of build for at most
+# 10% (levit_128s, 17 shapes: 0.295 -> 0.266 ms, 275 s against 13; swin_tiny 2%, edgenext_small 1%;
+# swinv2_tiny and mobilevit_s kept plain after 184 and 201 s).
 GEMM_TEMPLATES_AT_BUILD = True
 GEMM_TEMPLATES_MAX_BATCH = 1
 MIN_GEMMS = 24
+MAX_GEMM_SHAPES = 8
 GEMM_TEMPLATE_OPTIONS = {"max_autotune_gemm": True, "max_autotune_gemm_backends": "ATEN,TRITON"}
 
 
@@ -134,11 +141,13 @@ def lowering_candidates(graph: Graph, batch: int, depthwise_kernel: bool | None 
     `depthwise_kernel` (default `DEPTHWISE_KERNEL_AT_BUILD`; a loaded engine passes True, so that a bundle whose
     build chose it runs it) also offers the depthwise-kernel lowering up to `DEPTHWISE_KERNEL_MAX_BATCH` where
     cuDNN would run at least `MIN_ON_KERNEL` depthwise convolutions. `gemm_templates` (default
-    `GEMM_TEMPLATES_AT_BUILD`; a loaded engine passes True) likewise offers the GEMM-templates lowering up to
-    `GEMM_TEMPLATES_MAX_BATCH` where the graph has at least `MIN_GEMMS` matrix products, on top of the
-    depthwise kernel wherever the kernel's own conditions hold (a transformer with depthwise convolutions,
-    edgenext_small's, would otherwise have to pick one of the two); those conditions are the graph's alone,
-    not `depthwise_kernel`'s, so that a load rebuilds the lowering its build timed."""
+    `GEMM_TEMPLATES_AT_BUILD`) likewise offers the GEMM-templates lowering up to `GEMM_TEMPLATES_MAX_BATCH` where
+    the graph has at least `MIN_GEMMS` matrix products of at most `MAX_GEMM_SHAPES` shapes (`gemm_templates_pay`);
+    True (a loaded engine) offers it wherever the graph has a matrix product, so that a bundle whose build drew
+    those lines elsewhere loads the lowering it chose. It rides on the depthwise kernel wherever the kernel's own
+    conditions hold (a transformer with depthwise convolutions, edgenext_small's, would otherwise have to pick
+    one of the two); those conditions are the graph's alone, not `depthwise_kernel`'s, so that a load rebuilds
+    the lowering its build timed."""
     plain = Lowering(depthwise_taps_nodes(graph, batch), vector_product_nodes(graph, batch))
     candidates = {PLAIN: plain}
     depthwise = [node.name for node in graph.nodes if is_depthwise(node, graph)]
@@ -149,8 +158,11 @@ def lowering_candidates(graph: Graph, batch: int, depthwise_kernel: bool | None 
     offered = DEPTHWISE_KERNEL_AT_BUILD if depthwise_kernel is None else depthwise_kernel
     if offered and kernel_pays:
         candidates[KERNEL] = Lowering(plain.taps, plain.products, depthwise_kernel=True)
-    offered = GEMM_TEMPLATES_AT_BUILD if gemm_templates is None else gemm_templates
-    if offered and batch <= GEMM_TEMPLATES_MAX_BATCH and gemm_count(graph) >= MIN_GEMMS:
+    if gemm_templates is None:
+        offered = GEMM_TEMPLATES_AT_BUILD and batch <= GEMM_TEMPLATES_MAX_BATCH and gemm_templates_pay(graph)
+    else:
+        offered = gemm_templates and gemm_count(graph) > 0
+    if offered:
         candidates[GEMM] = Lowering(plain.taps, plain.products, depthwise_kernel=kernel_pays, gemm_templates=True)
     return candidates
 
@@ -158,6 +170,20 @@ def lowering_candidates(graph: Graph, batch: int, depthwise_kernel: bool | None 
 def gemm_count(graph: Graph) -> int:
     """The graph's matrix products: its linear and matmul ops (attention is its own kernel, SDPA's)."""
     return sum(node.kind in (OpKind.LINEAR, OpKind.MATMUL) for node in graph.nodes)
+
+
+def gemm_shapes(graph: Graph) -> int:
+    """How many distinct matrix products the graph's linear and matmul ops are, each autotuned once: the op
+    kind and attributes with its operands' and its result's shapes."""
+    types = {node.name: node.type.shape for node in graph.nodes}
+    return len({(node.kind, node.attrs if node.kind is OpKind.MATMUL else None,
+                 tuple(types[i] for i in node.inputs), node.type.shape)
+                for node in graph.nodes if node.kind in (OpKind.LINEAR, OpKind.MATMUL)})
+
+
+def gemm_templates_pay(graph: Graph) -> bool:
+    """Whether autotuning the graph's GEMMs can pay for its compile: many products over few shapes."""
+    return gemm_count(graph) >= MIN_GEMMS and gemm_shapes(graph) <= MAX_GEMM_SHAPES
 
 
 @dataclass(frozen=True)

@@ -542,6 +542,12 @@ def _resumed_record(options: BenchOptions, entry: Entry, env: dict[str, Any]) ->
     return record["result"], record["started"]
 
 
+def recorded_entries(entries: tuple[Entry, ...] | list[Entry], workdir: Path) -> list[Entry]:
+    """Those of `entries` that have a record in `workdir`, in their order: the part of a bench cut short that a
+    report can hold (`recorded_result` then checks each record)."""
+    return [entry for entry in entries if _record_path(workdir, entry).is_file()]
+
+
 def recorded_result(entries: tuple[Entry, ...] | list[Entry], workdir: Path) -> BenchResult:
     """The report of `entries` from their records in `workdir` alone, as on the machine that timed them (its
     environment, its options): for a bench whose last call ran out of time before its report. Nothing is timed or
