@@ -9,6 +9,10 @@
 #   coldkernel   convnext_tiny built at batch 1 (random weights; its build keeps trtmc's Triton depthwise kernel), then
 #                `trtmc -v classify BUNDLE chelsea.png --compiled` twice as `cold` runs it: the kernel's compile on a
 #                machine whose Triton cache never saw it
+#   buildalone   a user's build, alone on the machine (all CPUs, nothing beside it; the bench's prepare runs 14):
+#                `trtmc -v build` at max batch 128, fp16, of each of BUILD_ARCHS (default vit_base_patch16_224, whose
+#                gemm-templates candidate took 149 s of a 181 s build in run 25's prepare), random weights, in
+#                fresh Inductor and Triton caches; wall time in measurements.jsonl, the build's log in session.log
 #   folders      `trtmc classify` over 2,002 and 20,000 photos (the 22 repo photos linked round-robin), then the
 #                2,002 with `--compiled` and with `--resize-on workers`
 #   firstcall    tools/first_call_probe.py: the quick start's first uncompiled call profiled, with cuDNN and with
@@ -156,6 +160,18 @@ coldkernel() {  # convnext_tiny at batch 1, where its build keeps trtmc's Triton
     cat "$WORK/build-convnext_tiny.log" >>"$LOG" 2>/dev/null
     EXTRA=--compiled cold_one cold-convnext_tiny-compiled-1 convnext_tiny
     EXTRA=--compiled cold_one cold-convnext_tiny-compiled-2 convnext_tiny
+}
+
+buildalone() {  # issue 12's 2 minutes, for a user's build
+    local arch caches
+    for arch in ${BUILD_ARCHS:-vit_base_patch16_224}; do
+        random_checkpoints "$arch"
+        caches=$(mktemp -d)
+        TORCHINDUCTOR_CACHE_DIR=$caches/inductor TRITON_CACHE_DIR=$caches/triton measure "build-alone-$arch" \
+            timeout "$(left)" python3 -m trtmc -v build "$WORK/$arch" -o "$WORK/$arch-alone.bundle" --precision fp16 \
+            --device cuda --max-batch 128
+        rm -rf "$caches"
+    done
 }
 
 folders() {
