@@ -13,6 +13,11 @@
 #                `trtmc -v build` at max batch 128, fp16, of each of BUILD_ARCHS (default vit_base_patch16_224, whose
 #                gemm-templates candidate took 149 s of a 181 s build in run 25's prepare), random weights, in
 #                fresh Inductor and Triton caches; wall time in measurements.jsonl, the build's log in session.log
+#   enginegap    tools/engine_gap_probe.py at batch 1 and 128 on GAP_ARCHS (default resnet50 convnext_tiny
+#                mobilenetv3_large_100): the bench's prepared bundle where a bench ran on this machine (/tmp/bw), else
+#                one built here at max batch 128; the engine call's layers (replay alone, as the build times it,
+#                up to engine(x), as the bench does) timed interleaved, and each one's host cost per call; results in
+#                enginegap/ARCH.json
 #   folders      `trtmc classify` over 2,002 and 20,000 photos (the 22 repo photos linked round-robin), then the
 #                2,002 with `--compiled` and with `--resize-on workers`
 #   firstcall    tools/first_call_probe.py: the quick start's first uncompiled call profiled, with cuDNN and with
@@ -171,6 +176,21 @@ buildalone() {  # issue 12's 2 minutes, for a user's build
             timeout "$(left)" python3 -m trtmc -v build "$WORK/$arch" -o "$WORK/$arch-alone.bundle" --precision fp16 \
             --device cuda --max-batch 128
         rm -rf "$caches"
+    done
+}
+
+enginegap() {  # run 25: the bench's engine row 8-20% slower than the build's replay of the same lowering at batch 1
+    local arch bundle
+    mkdir -p "$RESULTS/enginegap"
+    for arch in ${GAP_ARCHS:-resnet50 convnext_tiny mobilenetv3_large_100}; do
+        bundle=/tmp/bw/bundles/$arch-fp16-inductor.bundle
+        if [ ! -f "$bundle" ]; then
+            random_checkpoints "$arch"
+            [ -f "$WORK/$arch.bundle" ] || build_one "$arch" "$WORK/$arch" 128
+            bundle=$WORK/$arch.bundle
+        fi
+        timeout "$(left)" python3 tools/engine_gap_probe.py "$bundle" "$RESULTS/enginegap/$arch.json" 1 128 >>"$LOG" 2>&1
+        echo "engine gap $arch: $?" >>"$LOG"
     done
 }
 
