@@ -142,12 +142,17 @@ bundles() {
 
 bundles_lite0() { build_one lite0 examples/checkpoints/tf_efficientnet_lite0.in1k; cat "$WORK/build-lite0.log" >>"$LOG"; }
 
+measure_cold() {  # NAME [ENV=VALUE ...] COMMAND...: measured with empty Inductor and Triton disk caches (a new machine's)
+    local name=$1; shift
+    local caches; caches=$(mktemp -d)
+    measure "$name" env TORCHINDUCTOR_CACHE_DIR="$caches/inductor" TRITON_CACHE_DIR="$caches/triton" "$@"
+    rm -rf "$caches"
+}
+
 cold_one() {  # NAME BUNDLE [ENV=VALUE ...]
     local name=$1 bundle=$2; shift 2
-    local caches; caches=$(mktemp -d)
-    measure "$name" env TORCHINDUCTOR_CACHE_DIR="$caches/inductor" TRITON_CACHE_DIR="$caches/triton" "$@" \
+    measure_cold "$name" "$@" \
         timeout 90 python3 -m trtmc -v classify "$WORK/$bundle.bundle" examples/images/chelsea.png --top-k 1 $EXTRA
-    rm -rf "$caches"
 }
 
 cold() {  # builds the bundles first where `bundles` has not (run 24's `cold` alone found none)
@@ -168,14 +173,11 @@ coldkernel() {  # convnext_tiny at batch 1, where its build keeps trtmc's Triton
 }
 
 buildalone() {  # issue 12's 2 minutes, for a user's build
-    local arch caches
+    local arch
     for arch in ${BUILD_ARCHS:-vit_base_patch16_224}; do
         random_checkpoints "$arch"
-        caches=$(mktemp -d)
-        TORCHINDUCTOR_CACHE_DIR=$caches/inductor TRITON_CACHE_DIR=$caches/triton measure "build-alone-$arch" \
-            timeout "$(left)" python3 -m trtmc -v build "$WORK/$arch" -o "$WORK/$arch-alone.bundle" --precision fp16 \
-            --device cuda --max-batch 128
-        rm -rf "$caches"
+        measure_cold "build-alone-$arch" timeout "$(left)" python3 -m trtmc -v build "$WORK/$arch" \
+            -o "$WORK/$arch-alone.bundle" --precision fp16 --device cuda --max-batch 128
     done
 }
 

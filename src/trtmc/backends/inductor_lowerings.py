@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 import torch
 
-from ..graph import Graph, OpKind
+from ..graph import Graph, Node, OpKind
 from . import Progress
 from .fused_convolutions import fused_convolutions
 from .gpu_lock import device_lock, share_gpu_with_timing, timing_alone
@@ -167,18 +167,22 @@ def lowering_candidates(graph: Graph, batch: int, depthwise_kernel: bool | None 
     return candidates
 
 
-def gemm_count(graph: Graph) -> int:
+def _gemms(graph: Graph) -> list[Node]:
     """The graph's matrix products: its linear and matmul ops (attention is its own kernel, SDPA's)."""
-    return sum(node.kind in (OpKind.LINEAR, OpKind.MATMUL) for node in graph.nodes)
+    return [node for node in graph.nodes if node.kind in (OpKind.LINEAR, OpKind.MATMUL)]
+
+
+def gemm_count(graph: Graph) -> int:
+    """How many matrix products the graph has (`_gemms`)."""
+    return len(_gemms(graph))
 
 
 def gemm_shapes(graph: Graph) -> int:
-    """How many distinct matrix products the graph's linear and matmul ops are, each autotuned once: the op
-    kind and attributes with its operands' and its result's shapes."""
-    types = {node.name: node.type.shape for node in graph.nodes}
+    """How many distinct matrix products the graph's are, each autotuned once: the op kind and attributes with
+    its operands' and its result's shapes."""
+    shapes = {node.name: node.type.shape for node in graph.nodes}
     return len({(node.kind, node.attrs if node.kind is OpKind.MATMUL else None,
-                 tuple(types[i] for i in node.inputs), node.type.shape)
-                for node in graph.nodes if node.kind in (OpKind.LINEAR, OpKind.MATMUL)})
+                 tuple(shapes[i] for i in node.inputs), node.type.shape) for node in _gemms(graph)})
 
 
 def gemm_templates_pay(graph: Graph) -> bool:
