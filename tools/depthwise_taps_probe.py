@@ -15,7 +15,9 @@ one replay are counted; the two outputs on the same pixels are compared. `--comp
 (run one per architecture in parallel first: Inductor's disk caches then make the timed run's compiles warm).
 The `triton depthwise` variants run the depthwise convolutions that are not taps as one Triton kernel each
 (`trtmc.backends.depthwise_kernel`, a build candidate at batch 1 since run 21): every one, or those the engine
-leaves to cuDNN.
+leaves to cuDNN. The variants run their patch embeddings as cuDNN's convolutions, as engines did until run 26, but
+`the engine, patch products`, which runs the few-channel ones as one matrix product each (`patch_product_nodes`,
+every CUDA lowering since run 26, not yet measured there).
 Writes OUT_DIR/ARCH.json and prints one line per row.
 """
 
@@ -29,7 +31,7 @@ from pathlib import Path
 import torch
 
 from trtmc.backends.depthwise_kernel import depthwise_kernels
-from trtmc.backends.torch_lowering import depthwise_taps_nodes, to_fx
+from trtmc.backends.torch_lowering import depthwise_taps_nodes, patch_product_nodes, to_fx
 from trtmc.bench.spec import TimingProtocol
 from trtmc.bench.timing import CudaEventClock, TimedCall, time_interleaved
 
@@ -53,8 +55,11 @@ VARIANTS = {
     # The same taps as the named variant; every other depthwise convolution on the Triton kernel, not cuDNN.
     "triton depthwise": lambda graph, batch: frozenset(),
     "the engine, the rest triton": depthwise_taps_nodes,
+    # The engine's taps, and its patch embeddings as matrix products (`_patch_product`).
+    "the engine, patch products": depthwise_taps_nodes,
 }
 ON_TRITON = {"triton depthwise", "the engine, the rest triton"}
+WITH_PATCH_PRODUCTS = {"the engine, patch products"}
 
 
 def main() -> None:
@@ -78,7 +83,8 @@ def probe(arch: str, batches: list[int], out: Path, compile_only: bool, variants
         for name in variants:
             taps = VARIANTS[name](graph, batch)
             fusions = depthwise_kernels(graph, exclude=taps) if name in ON_TRITON else None
-            module = to_fx(graph, quantized_gemms=True, depthwise_taps=taps, fusions=fusions)
+            patches = patch_product_nodes(graph) if name in WITH_PATCH_PRODUCTS else frozenset()
+            module = to_fx(graph, quantized_gemms=True, depthwise_taps=taps, patch_products=patches, fusions=fusions)
             replays[name, batch], outputs[name, batch], first_calls[name, batch] = engine_replay(module, graph, batch)
             print(f"{arch} b{batch} {name}: compiled ({time.perf_counter() - started:.0f} s)", flush=True)
     if compile_only:

@@ -41,6 +41,10 @@
 #                (edgenext_small's and convnext_tiny's 7x7, efficientnet_b0's and ghostnet_100's feeding
 #                squeeze-excite means); compiled in parallel first, then timed one model at a time, an equal share
 #                of the time left each; results in dwtriton/ARCH.json
+#   patches      tools/depthwise_taps_probe.py: the engine with its patch embeddings on cuDNN (padded to 8 channels,
+#                run 26: 708 + 115 us of vit_base's 11.09 ms at batch 128) against the same as one matrix product each
+#                (`patch_product_nodes`, every CUDA lowering since run 26), batch 1 and 128, for PATCHES_ARCHS
+#                (default vit_base_patch16_224 convnext_tiny swin_tiny_patch4_window7_224); results in patches/ARCH.json
 #   dwtune       tools/depthwise_kernel_tune.py: every depthwise convolution of convnext_tiny, edgenext_small,
 #                efficientnet_b0, ghostnet_100, tf_efficientnetv2_s and fastvit_t8 one at a time at batch 1 and 128, on
 #                cuDNN, on trtmc's Triton kernel as built and with other tiles, and on a row-tiled variant (run 22,
@@ -72,7 +76,8 @@
 #                behind/profile/ (miss_profile's: run 18 wrote both to behind/mobilevit_s.json, the probe's was lost);
 #                `behind-profile` builds the bundle and runs miss_profile only (~150 s)
 # Every step has its own time limit. $OUT gets session.log and results.tar.gz (measurements.jsonl: wall time and
-# peak RSS per command; folder/: the bench's results and ray.json; aoti/; probe/).
+# peak RSS per command; folder/: the bench's results and ray.json; aoti/; probe/; clocks-STEP.csv: the GPU's SM and
+# memory clocks, power and temperature every 200 ms while the step ran, as nvidia-smi reads them).
 #   OUT=/tmp/out bash tools/gpu_session.sh bundles-lite0 probe folderbench aoti
 set -u
 export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1
@@ -253,6 +258,12 @@ dwtriton() {
         --batch 1 --batch 128 --variant "the engine" --variant "the engine, the rest triton"
 }
 
+patches() {  # patch embeddings as cuDNN's padded convolution against one matrix product (run 26's lever)
+    per_arch_probe depthwise_taps_probe.py patches 4 \
+        "${PATCHES_ARCHS:-vit_base_patch16_224 convnext_tiny swin_tiny_patch4_window7_224}" \
+        --batch 1 --batch 128 --variant "the engine" --variant "the engine, patch products"
+}
+
 dwtune() {  # the tune probe writes ARCH.json after each batch size: a time limit keeps what was timed
     per_arch_probe depthwise_kernel_tune.py dwtune 1 \
         "${DWTUNE_ARCHS:-convnext_tiny edgenext_small efficientnet_b0 ghostnet_100 tf_efficientnetv2_s fastvit_t8}"
@@ -369,11 +380,19 @@ aoti() {
     echo "aoti load: $?" >>"$LOG"
 }
 
+clocks() {  # STEP: the GPU's clocks, power and temperature every 200 ms (read, never set) until killed
+    command -v nvidia-smi >/dev/null || return 0
+    exec nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu \
+        --format=csv,noheader -lms 200 >"$RESULTS/clocks-$1.csv" 2>/dev/null
+}
+
 say machine; machine
 for step in "${@:-bundles cold folders folderbench aoti}"; do
     for s in $step; do
         say "$s"
+        clocks "$s" & sampler=$!  # whether a step ran at the GPU's full clock (run 26: replays 4-9% slower than at build)
         "${s//-/_}"
+        kill "$sampler" 2>/dev/null
         tar --exclude='*.pt2' -C "$RESULTS" -czf "$OUT/results.tar.gz" .  # after every step: a timeout loses only the step it hit
     done
 done

@@ -34,7 +34,9 @@ import torch
 from ..graph import Graph
 from . import Batching, BuiltEngine, Engine, EngineEntry, EngineSpec, LoadOptions, Progress
 from .engine_io import EngineBase, PixelSpec, device_missing_reason
-from .inductor_lowerings import INDUCTOR_OPTIONS, LOWERINGS, captured, choose_lowering, compile_cuda, inductor_options
+from .inductor_lowerings import (
+    INDUCTOR_OPTIONS, LOWERINGS, PATCH_PRODUCTS, captured, choose_lowering, compile_cuda, inductor_options,
+)
 from .torch_lowering import channels_last_weights, to_fx
 
 log = logging.getLogger(__name__)
@@ -167,6 +169,7 @@ def _build_cuda(graph: Graph, spec: EngineSpec, progress: Progress) -> tuple[dic
         "compute_capability": f"{props.major}.{props.minor}",
         LOWERINGS: choices,
         INDUCTOR_OPTIONS: compiled.options,
+        PATCH_PRODUCTS: sorted(compiled.patches),
     }
 
 

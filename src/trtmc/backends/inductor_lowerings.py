@@ -23,13 +23,16 @@ from ..graph import Graph, Node, OpKind
 from . import Progress
 from .fused_convolutions import fused_convolutions
 from .gpu_lock import device_lock, share_gpu_with_timing, timing_alone
-from .torch_lowering import channels_last_weights, depthwise_taps_nodes, is_depthwise, to_fx, vector_product_nodes
+from .torch_lowering import (
+    channels_last_weights, depthwise_taps_nodes, is_depthwise, patch_product_nodes, to_fx, vector_product_nodes,
+)
 
 log = logging.getLogger(__name__)
 
 
 LOWERINGS = "lowerings"  # the engine record's key: per batch size, the lowering chosen at build and why
 INDUCTOR_OPTIONS = "inductor_options"  # the engine record's key: the Inductor options the build compiled with
+PATCH_PRODUCTS = "patch_products"  # the engine record's key: the patch embeddings the build ran as matrix products
 PLAIN, FUSED, KERNEL, GEMM = "plain", "cudnn-fused", "depthwise-kernel", "gemm-templates"
 # A candidate replaces the plain lowering only when its quickest replay is at least this much faster: two
 # compiles of the same graph time within ~1% of each other (benchmarks/NOTES.md, run 6).
@@ -74,6 +77,12 @@ MAX_GEMM_SHAPES = 8
 GEMM_TEMPLATE_OPTIONS = {"max_autotune_gemm": True, "max_autotune_gemm_backends": "ATEN,TRITON"}
 
 
+# Patch embeddings of few channels (ViT's, BEiT's, ConvNeXt's and Swin's stems) as one matrix product each, in every
+# lowering (`torch_lowering.patch_product_nodes`), not timed against cuDNN's padded convolution at build: that
+# convolution runs at ~42 TFLOP/s (run 26). Not yet measured in an engine (benchmarks/NOTES.md, Run 26).
+PATCH_PRODUCTS_AT_BUILD = True
+
+
 def inductor_options(capability: tuple[int, int]) -> dict[str, Any]:
     """The Inductor options a CUDA build asks for on a GPU of this compute capability (`CompiledCuda` keeps those
     this torch has; the engine record holds them under `INDUCTOR_OPTIONS`, so loading compiles as the build did and
@@ -105,6 +114,7 @@ class Lowering:
 
     taps: frozenset[str]
     products: frozenset[str]
+    patches: frozenset[str] = frozenset()
     fused: bool = False
     depthwise_kernel: bool = False
     gemm_templates: bool = False
@@ -117,12 +127,13 @@ class Lowering:
     def module(self, graph: Graph, device: torch.device) -> torch.nn.Module:
         fusions = None
         if self.fused:
-            fusions = fused_convolutions(graph, exclude=self.taps | self.products)
+            fusions = fused_convolutions(graph, exclude=self.taps | self.products | self.patches)
         elif self.depthwise_kernel:
             from .depthwise_kernel import depthwise_kernels  # imports Triton: only where this lowering runs
 
             fusions = depthwise_kernels(graph, exclude=self.taps)
-        fx = to_fx(graph, quantized_gemms=True, depthwise_taps=self.taps, vector_products=self.products, fusions=fusions)
+        fx = to_fx(graph, quantized_gemms=True, depthwise_taps=self.taps, vector_products=self.products,
+                   patch_products=self.patches, fusions=fusions)
         return channels_last_weights(fx.eval().to(device), graph)
 
     def inductor_options(self) -> dict[str, Any]:
@@ -131,7 +142,7 @@ class Lowering:
 
 
 def lowering_candidates(graph: Graph, batch: int, depthwise_kernel: bool | None = None,
-                        gemm_templates: bool | None = None) -> dict[str, Lowering]:
+                        gemm_templates: bool | None = None, patches: frozenset[str] = frozenset()) -> dict[str, Lowering]:
     """The lowerings a build times at `batch`: the plain one (taps and products where measured faster, run 9
     and 11) and, where the graph has ReLUs after half-precision convolutions, the same with those fused, except
     where the plain lowering runs most depthwise convolutions as taps (at batch 1): there the ReLU before a
@@ -147,23 +158,24 @@ def lowering_candidates(graph: Graph, batch: int, depthwise_kernel: bool | None 
     those lines elsewhere loads the lowering it chose. It rides on the depthwise kernel wherever the kernel's own
     conditions hold (a transformer with depthwise convolutions, edgenext_small's, would otherwise have to pick
     one of the two); those conditions are the graph's alone, not `depthwise_kernel`'s, so that a load rebuilds
-    the lowering its build timed."""
-    plain = Lowering(depthwise_taps_nodes(graph, batch), vector_product_nodes(graph, batch))
+    the lowering its build timed. Every candidate runs the `patches` (`CompiledCuda.patches`) as matrix products."""
+    plain = Lowering(depthwise_taps_nodes(graph, batch), vector_product_nodes(graph, batch), patches)
     candidates = {PLAIN: plain}
     depthwise = [node.name for node in graph.nodes if is_depthwise(node, graph)]
     mostly_taps = bool(depthwise) and 2 * len(plain.taps) >= len(depthwise)
-    if not mostly_taps and fused_convolutions(graph, exclude=plain.taps | plain.products):
-        candidates[FUSED] = Lowering(plain.taps, plain.products, fused=True)
+    if not mostly_taps and fused_convolutions(graph, exclude=plain.taps | plain.products | patches):
+        candidates[FUSED] = Lowering(plain.taps, plain.products, patches, fused=True)
     kernel_pays = batch <= DEPTHWISE_KERNEL_MAX_BATCH and len(set(depthwise) - plain.taps) >= MIN_ON_KERNEL
     offered = DEPTHWISE_KERNEL_AT_BUILD if depthwise_kernel is None else depthwise_kernel
     if offered and kernel_pays:
-        candidates[KERNEL] = Lowering(plain.taps, plain.products, depthwise_kernel=True)
+        candidates[KERNEL] = Lowering(plain.taps, plain.products, patches, depthwise_kernel=True)
     if gemm_templates is None:
         offered = GEMM_TEMPLATES_AT_BUILD and batch <= GEMM_TEMPLATES_MAX_BATCH and gemm_templates_pay(graph)
     else:
         offered = gemm_templates and gemm_count(graph) > 0
     if offered:
-        candidates[GEMM] = Lowering(plain.taps, plain.products, depthwise_kernel=kernel_pays, gemm_templates=True)
+        candidates[GEMM] = Lowering(plain.taps, plain.products, patches, depthwise_kernel=kernel_pays,
+                                    gemm_templates=True)
     return candidates
 
 
@@ -209,7 +221,7 @@ def choose_lowering(compiled: "CompiledCuda", graph: Graph, example: torch.Tenso
     (`gpu_lock`): builds running side by side compile together but time one at a time, and no process's Inductor
     benchmarks its kernels meanwhile."""
     batch = example.shape[0]
-    candidates = lowering_candidates(graph, batch)
+    candidates = lowering_candidates(graph, batch, patches=compiled.patches)
     lock = device_lock(example.device.index or 0)
     share_gpu_with_timing(lock)  # this build's autotuning never runs while another build times
     if len(candidates) == 1:  # nothing to choose: compile the plain lowering, as before there were candidates
@@ -282,13 +294,15 @@ class CompiledCuda:
     convolutions on 1x1 maps as products and a sum (`vector_product_nodes`: at batch 1), and, where the build
     measured it faster, convolutions with their bias, residual add and ReLU as one cuDNN call (`chosen`: batch
     size -> candidate name, from the engine's record; `lowering_candidates`). A batch size is compiled at its
-    first call. fp8/int8 graphs run their quantized 1x1 convolutions and linear ops as FP8 / INT8 GEMMs (the
-    quantize ops feeding them fuse into their producers' kernels), not fp16 ops on dequantized values."""
+    first call. Every lowering runs the `patches` (patch embeddings of few channels) as matrix products
+    (`patch_product_nodes`). fp8/int8 graphs run their quantized 1x1 convolutions and linear ops as FP8 / INT8 GEMMs
+    (the quantize ops feeding them fuse into their producers' kernels), not fp16 ops on dequantized values."""
 
     def __init__(self, graph: Graph, chosen: Mapping[int, str] | None = None,
-                 options: Mapping[str, Any] | None = None) -> None:
+                 options: Mapping[str, Any] | None = None, patches: frozenset[str] = frozenset()) -> None:
         self._graph = graph
         self._chosen = dict(chosen or {})
+        self.patches = patches
         self.options = known_options(options or {})
         self._by_lowering: dict[Lowering, torch.nn.Module] = {}
         self._by_batch: dict[int, torch.nn.Module] = {}
@@ -313,7 +327,8 @@ class CompiledCuda:
         batch = pixels.shape[0]
         if batch in self._by_batch:
             return self._by_batch[batch](pixels)
-        candidates = lowering_candidates(self._graph, batch, depthwise_kernel=True, gemm_templates=True)
+        candidates = lowering_candidates(self._graph, batch, depthwise_kernel=True, gemm_templates=True,
+                                         patches=self.patches)
         name = self._chosen.get(batch, PLAIN)
         if name not in candidates:
             raise RuntimeError(f"the engine was built with the {name!r} lowering at batch {batch}, which this "
@@ -337,7 +352,13 @@ class CompiledCuda:
 def compile_cuda(graph: Graph, record: Mapping[str, Any] | None = None,
                  options: Mapping[str, Any] | None = None) -> CompiledCuda:
     """The compiled graph, with the lowering each batch size was built with (`LOWERINGS` in the engine's record;
-    bundles from before that record run the plain lowering) and the Inductor options it was compiled with
-    (`INDUCTOR_OPTIONS` in the record; a build passes `options`, from `inductor_options`)."""
+    bundles from before that record run the plain lowering), the Inductor options it was compiled with
+    (`INDUCTOR_OPTIONS` in the record; a build passes `options`, from `inductor_options`) and the patch embeddings
+    it ran as matrix products (`PATCH_PRODUCTS` in the record, none in bundles from before it; a build, passing no
+    record, runs `patch_product_nodes(graph)` so where `PATCH_PRODUCTS_AT_BUILD`)."""
+    if record is None:
+        patches = patch_product_nodes(graph) if PATCH_PRODUCTS_AT_BUILD else frozenset()
+    else:
+        patches = frozenset(record.get(PATCH_PRODUCTS, ()))
     chosen = {int(batch): c["chosen"] for batch, c in (record or {}).get(LOWERINGS, {}).items()}
-    return CompiledCuda(graph, chosen, (record or {}).get(INDUCTOR_OPTIONS, options))
+    return CompiledCuda(graph, chosen, (record or {}).get(INDUCTOR_OPTIONS, options), patches)

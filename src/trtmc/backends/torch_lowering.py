@@ -464,6 +464,49 @@ def _vector_product(node, args, w):
     return y.to(args[0].dtype)[..., None, None]
 
 
+# cuDNN runs a half-precision convolution of a channels-last map with fewer than 8 channels by padding the map and
+# the weight to 8 channels (two `nhwcAddPaddingKernel` calls) and an Ampere-era implicit-GEMM kernel: ViT's patch
+# embedding (16x16 stride 16, 3 -> 768 channels) took 710 + 88 us of trtmc's 10.56 ms at batch 128 (run 6, H200,
+# tools/fp8_probe.py) and 708 + 115 us of the expert's 11.09 ms (run 26, H100): ~42 TFLOP/s for what is one
+# [25088 x 768] by [768 x 768] matrix product.
+PATCHES_BELOW_CHANNELS = 8
+
+
+def _is_patch_embedding(node: Node, graph: Graph) -> bool:
+    """A dense half-precision convolution that cuts a map of fewer than `PATCHES_BELOW_CHANNELS` channels into whole,
+    non-overlapping patches (kernel = stride > 1, no padding, no dilation, the map a multiple of the patch):
+    ViT's and BEiT's patch embeddings, ConvNeXt's and Swin's 4x4 stems."""
+    a = node.attrs
+    if node.kind is not OpKind.CONV2D or a.weight is None or a.groups != 1 or any(a.padding):
+        return False
+    if node.type.dtype not in (DType.F16, DType.BF16):  # cuDNN's padding is measured in half precision only
+        return False
+    _, channels, kh, kw = graph.weights[a.weight].shape
+    height, width = graph.node(node.inputs[0]).type.shape[2:]
+    return (tuple(a.stride) == (kh, kw) != (1, 1) and tuple(a.dilation) == (1, 1) and channels < PATCHES_BELOW_CHANNELS
+            and height % kh == 0 and width % kw == 0)
+
+
+def patch_product_nodes(graph: Graph) -> frozenset[str]:
+    """The patch embeddings the compiled CUDA engine runs as one matrix product (`_patch_product`)."""
+    return frozenset(n.name for n in graph.nodes if _is_patch_embedding(n, graph))
+
+
+def _patch_product(node, args, w):
+    """A patch embedding as the matrix product it is: the map's patches as rows (kernel rows, kernel columns,
+    channels: the order of a channels-last map and of the engine's channels-last weight, so that only the
+    pixels are copied, once) times the weight, plus the bias, in one library GEMM; the result rows are the
+    output map's pixels, channels-last. Shapes come from the graph and the stored weight (FX traces proxies)."""
+    a = node.attrs
+    weight = w(a.weight)  # [Cout, Cin, kh, kw]
+    out_channels, channels, kh, kw = weight.shape
+    out_h, out_w = node.type.shape[2], node.type.shape[3]
+    patches = args[0].reshape(-1, channels, out_h, kh, out_w, kw).permute(0, 2, 4, 3, 5, 1)
+    rows = patches.reshape(-1, kh * kw * channels)
+    y = F.linear(rows, weight.permute(0, 2, 3, 1).reshape(out_channels, -1), w(a.bias) if a.bias else None)
+    return y.reshape(-1, out_h, out_w, out_channels).permute(0, 3, 1, 2)
+
+
 class Fusion(Protocol):
     """Several nodes computed by one call (`fused_convolutions.FusedConvolution`): `lower` gives the value of the
     node it is keyed by, from the values computed so far; the `absorbed` nodes are not computed on their own."""
@@ -483,7 +526,8 @@ class GraphModule(torch.nn.Module):
     depthwise convolutions to run as sums of shifted taps (`_depthwise_taps`), for Inductor to fuse; the
     compiled CUDA engine passes `depthwise_taps_nodes(graph, batch)`. `vector_products` names the 1x1
     convolutions on 1x1 maps to run as products and a sum (`_vector_product`; the engine passes
-    `vector_product_nodes(graph, batch)`). `fusions` computes each node it names with the nodes before it
+    `vector_product_nodes(graph, batch)`). `patch_products` names the patch embeddings to run as one matrix
+    product (`_patch_product`; the engine passes `patch_product_nodes(graph)`). `fusions` computes each node it names with the nodes before it
     that the fusion absorbs, as one call (the compiled CUDA engine's cuDNN convolutions with their bias,
     residual add and ReLU: `fused_convolutions.fused_convolutions(graph)`).
     """
@@ -491,13 +535,14 @@ class GraphModule(torch.nn.Module):
     def __init__(
         self, graph: Graph, *, half_convolutions_in_fp32: bool = False, quantized_gemms: bool = False,
         depthwise_taps: frozenset[str] = frozenset(), vector_products: frozenset[str] = frozenset(),
-        fusions: Mapping[str, Fusion] | None = None,
+        patch_products: frozenset[str] = frozenset(), fusions: Mapping[str, Fusion] | None = None,
     ) -> None:
         super().__init__()
         self.half_convolutions_in_fp32 = half_convolutions_in_fp32
         self._gemms = find_quantized_gemms(graph) if quantized_gemms else {}
         self._taps = depthwise_taps
         self._products = vector_products
+        self._patches = patch_products
         self._fusions = dict(fusions or {})
         self._absorbed = frozenset().union(*(f.absorbed for f in self._fusions.values()))
         missing = [k.value for k in OpKind if k not in LOWERINGS]
@@ -550,6 +595,8 @@ class GraphModule(torch.nn.Module):
                 lower = _depthwise_taps
             if node.name in self._products:
                 lower = _vector_product
+            if node.name in self._patches:
+                lower = _patch_product
             if node.name in self._gemms:
                 gemm = self._gemms[node.name]
                 args, lower = [values[gemm.activation], values[gemm.weight]], functools.partial(_quantized_gemm, gemm)
@@ -560,12 +607,13 @@ class GraphModule(torch.nn.Module):
 
 def to_fx(
     graph: Graph, *, quantized_gemms: bool = False, depthwise_taps: frozenset[str] = frozenset(),
-    vector_products: frozenset[str] = frozenset(), fusions: Mapping[str, Fusion] | None = None,
+    vector_products: frozenset[str] = frozenset(), patch_products: frozenset[str] = frozenset(),
+    fusions: Mapping[str, Fusion] | None = None,
 ) -> torch.fx.GraphModule:
     """A flat FX graph of the whole network (the op-by-op loop unrolled by tracing)."""
     return torch.fx.symbolic_trace(GraphModule(
         graph, quantized_gemms=quantized_gemms, depthwise_taps=depthwise_taps, vector_products=vector_products,
-        fusions=fusions))
+        patch_products=patch_products, fusions=fusions))
 
 
 # The ops whose 4-D constants are convolution weights, or become them (a quantized weight's dequantize).
