@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from trtmc.backends.inductor_lowerings import (
-    FUSED, PATCH_PRODUCTS, PATCH_PRODUCTS_AT_BUILD, PLAIN, compile_cuda, lowering_candidates,
+    FUSED, LOWERINGS, PATCH_PRODUCTS, PATCH_PRODUCTS_AT_BUILD, PLAIN, compile_cuda, lowering_candidates,
 )
 from trtmc.backends.torch_lowering import TORCH_DTYPES, GraphModule, patch_product_nodes
 from trtmc.graph import Activation
@@ -86,3 +86,12 @@ def test_inductor_compiles_the_patch_product_from_channels_last_weights_and_comp
         expected = GraphModule(graph)(pixels)
     assert torch.allclose(out, expected, rtol=1e-4, atol=1e-4)
     assert [lowering.patches for lowering in compiled._by_lowering] == [{"stem"}]
+
+
+def test_inspect_names_the_patch_embeddings_a_build_ran_as_matrix_products():
+    from trtmc.cli.inspect import lowering_lines
+
+    record = {LOWERINGS: {"1": {"chosen": PLAIN, "ms": {}, "errors": {}}}, PATCH_PRODUCTS: ["patch_embed.proj"]}
+    assert lowering_lines(record) == ["batch 1: plain kept (the only candidate)",
+                                      "patch embeddings as one matrix product each: patch_embed.proj"]
+    assert lowering_lines({PATCH_PRODUCTS: []}) == []

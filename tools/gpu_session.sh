@@ -44,7 +44,8 @@
 #   patches      tools/depthwise_taps_probe.py: the engine with its patch embeddings on cuDNN (padded to 8 channels,
 #                run 26: 708 + 115 us of vit_base's 11.09 ms at batch 128) against the same as one matrix product each
 #                (`patch_product_nodes`, every CUDA lowering since run 26), batch 1 and 128, for PATCHES_ARCHS
-#                (default vit_base_patch16_224 convnext_tiny swin_tiny_patch4_window7_224); results in patches/ARCH.json
+#                (default the ones not yet measured: swin_tiny_patch4_window7_224 edgenext_small beit_base_patch16_224;
+#                run 26 measured vit_base_patch16_224 -13.5% / -6.2%, convnext_tiny -3.1% / +0.3%); in patches/ARCH.json
 #   dwtune       tools/depthwise_kernel_tune.py: every depthwise convolution of convnext_tiny, edgenext_small,
 #                efficientnet_b0, ghostnet_100, tf_efficientnetv2_s and fastvit_t8 one at a time at batch 1 and 128, on
 #                cuDNN, on trtmc's Triton kernel as built and with other tiles, and on a row-tiled variant (run 22,
@@ -260,7 +261,7 @@ dwtriton() {
 
 patches() {  # patch embeddings as cuDNN's padded convolution against one matrix product (run 26's lever)
     per_arch_probe depthwise_taps_probe.py patches 4 \
-        "${PATCHES_ARCHS:-vit_base_patch16_224 convnext_tiny swin_tiny_patch4_window7_224}" \
+        "${PATCHES_ARCHS:-swin_tiny_patch4_window7_224 edgenext_small beit_base_patch16_224}" \
         --batch 1 --batch 128 --variant "the engine" --variant "the engine, patch products"
 }
 
