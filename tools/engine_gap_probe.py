@@ -19,6 +19,11 @@ and, for each, the host's own seconds per call (`enqueue_us`): 200 calls issued 
 host's clock around the loop alone. Where a call's host cost is above its device time, the GPU waits on the host
 and the device time measures the host. Writes OUT.json.
 
+Run 26 (H100, six models, `benchmarks/results/2026-12-06-h100-run26-probes/`): `engine` 1-3% over `replay` at
+batch 1 (the copy into the static buffer 1-7 us, the engine's own layers 2-3 us more; 60-65 us of copy at batch
+128), so the call is not the gap; the same graph replayed 6-9% quicker at build than here, and the bench's row
+1.5-3% (mobilenetv3_large_100 7%) slower than `engine` here. `gpu_session.sh` logs the GPU's clocks beside it since.
+
     PYTHONPATH=src python tools/engine_gap_probe.py BUNDLE OUT.json [BATCH ...]   # default batch 1
 """
 
