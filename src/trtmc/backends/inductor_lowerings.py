@@ -14,7 +14,7 @@ record (`LOWERINGS`); loading compiles the recorded one from the caches.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 import torch
@@ -125,10 +125,15 @@ class Lowering:
             raise ValueError("a lowering runs its convolutions fused by cuDNN or its depthwise ones on trtmc's "
                              "kernel, not both: no build times that pair")
 
+    @property
+    def rewritten(self) -> frozenset[str]:
+        """The convolutions this lowering runs as other ops (taps, products, patch products): none is cuDNN's to fuse."""
+        return self.taps | self.products | self.patches
+
     def module(self, graph: Graph, device: torch.device) -> torch.nn.Module:
         fusions = None
         if self.fused:
-            fusions = fused_convolutions(graph, exclude=self.taps | self.products | self.patches)
+            fusions = fused_convolutions(graph, exclude=self.rewritten)
         elif self.depthwise_kernel:
             from .depthwise_kernel import depthwise_kernels  # imports Triton: only where this lowering runs
 
@@ -164,19 +169,18 @@ def lowering_candidates(graph: Graph, batch: int, depthwise_kernel: bool | None 
     candidates = {PLAIN: plain}
     depthwise = [node.name for node in graph.nodes if is_depthwise(node, graph)]
     mostly_taps = bool(depthwise) and 2 * len(plain.taps) >= len(depthwise)
-    if not mostly_taps and fused_convolutions(graph, exclude=plain.taps | plain.products | patches):
-        candidates[FUSED] = Lowering(plain.taps, plain.products, patches, fused=True)
+    if not mostly_taps and fused_convolutions(graph, exclude=plain.rewritten):
+        candidates[FUSED] = replace(plain, fused=True)
     kernel_pays = batch <= DEPTHWISE_KERNEL_MAX_BATCH and len(set(depthwise) - plain.taps) >= MIN_ON_KERNEL
     offered = DEPTHWISE_KERNEL_AT_BUILD if depthwise_kernel is None else depthwise_kernel
     if offered and kernel_pays:
-        candidates[KERNEL] = Lowering(plain.taps, plain.products, patches, depthwise_kernel=True)
+        candidates[KERNEL] = replace(plain, depthwise_kernel=True)
     if gemm_templates is None:
         offered = GEMM_TEMPLATES_AT_BUILD and batch <= GEMM_TEMPLATES_MAX_BATCH and gemm_templates_pay(graph)
     else:
         offered = gemm_templates and gemm_count(graph) > 0
     if offered:
-        candidates[GEMM] = Lowering(plain.taps, plain.products, patches, depthwise_kernel=kernel_pays,
-                                    gemm_templates=True)
+        candidates[GEMM] = replace(plain, depthwise_kernel=kernel_pays, gemm_templates=True)
     return candidates
 
 
@@ -357,9 +361,10 @@ def compile_cuda(graph: Graph, record: Mapping[str, Any] | None = None,
     (`INDUCTOR_OPTIONS` in the record; a build passes `options`, from `inductor_options`) and the patch embeddings
     it ran as matrix products (`PATCH_PRODUCTS` in the record, none in bundles from before it; a build, passing no
     record, runs `patch_product_nodes(graph)` so where `PATCH_PRODUCTS_AT_BUILD`)."""
-    if record is None:
-        patches = patch_product_nodes(graph) if PATCH_PRODUCTS_AT_BUILD else frozenset()
+    building, record = record is None, record or {}
+    if building and PATCH_PRODUCTS_AT_BUILD:
+        patches = patch_product_nodes(graph)
     else:
         patches = frozenset(record.get(PATCH_PRODUCTS, ()))
-    chosen = {int(batch): c["chosen"] for batch, c in (record or {}).get(LOWERINGS, {}).items()}
-    return CompiledCuda(graph, chosen, (record or {}).get(INDUCTOR_OPTIONS, options), patches)
+    chosen = {int(batch): c["chosen"] for batch, c in record.get(LOWERINGS, {}).items()}
+    return CompiledCuda(graph, chosen, record.get(INDUCTOR_OPTIONS, options), patches)
