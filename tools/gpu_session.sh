@@ -18,6 +18,11 @@
 #                one built here at max batch 128; the engine call's layers (replay alone, as the build times it,
 #                up to engine(x), as the bench does) timed interleaved, and each one's host cost per call; results in
 #                enginegap/ARCH.json
+#   buildgap     tools/build_gap_probe.py at batch 1 on BUILDGAP_ARCHS (default resnet50 vit_base_patch16_224), each
+#                built here first at max batch 1, alone on the machine: the bundle's graph as the bench replays it,
+#                the same module captured from randn as the build captures, and the lowering compiled afresh in the
+#                same process, timed interleaved, with the kernels of one replay (runs 26-27: the same graph 6-8%
+#                quicker at build than in a later process, at the GPU's full clock); results in buildgap/ARCH.json
 #   folders      `trtmc classify` over 2,002 and 20,000 photos (the 22 repo photos linked round-robin), then the
 #                2,002 with `--compiled` and with `--resize-on workers`
 #   firstcall    tools/first_call_probe.py: the quick start's first uncompiled call profiled, with cuDNN and with
@@ -320,6 +325,18 @@ templates() {  # TEMPLATES_ARCHS picks models (run 24: a 300 s call measured vit
         [[ " ${TEMPLATES_ARCHS:-${pairs[*]%%:*}} " == *" ${pair%%:*} "* ]] && chosen+=("$pair")
     done
     inductor_options templates "${TEMPLATES_BATCHES:-1 128}" "${chosen[@]}"
+}
+
+buildgap() {  # runs 26-27: a replay at build 6-8% quicker than the same graph's in a later process, not the clock
+    local arch
+    mkdir -p "$RESULTS/buildgap"
+    for arch in ${BUILDGAP_ARCHS:-resnet50 vit_base_patch16_224}; do
+        random_checkpoints "$arch"
+        [ -f "$WORK/$arch-b1.bundle" ] || build_one "$arch-b1" "$WORK/$arch" 1
+        cat "$WORK/build-$arch-b1.log" >>"$LOG"
+        timeout "$(left)" python3 tools/build_gap_probe.py "$WORK/$arch-b1.bundle" "$RESULTS/buildgap/$arch.json" 1 >>"$LOG" 2>&1
+        echo "build gap $arch: $?" >>"$LOG"
+    done
 }
 
 pdl() {

@@ -41,8 +41,8 @@ MIN_GAIN = 0.01
 
 # Inductor's programmatic dependent launch (`triton.enable_pdl`, Hopper and later): each Triton kernel is launched
 # before the one it follows has finished and waits in-kernel for its inputs, which a batch-1 engine of ~60-150
-# kernels of 2-5 us could use. Off until measured on the GPU (tools/autotune_probe.py's `pdl` variant;
-# benchmarks/NOTES.md, ninth session).
+# kernels of 2-5 us could use. Off: measured (run 27, H100, `gpu_session.sh pdl`) on the expert at batch 1,
+# ghostnet_100 0.988x and efficientnet_b0 1.004x, the same kernels; a replay there is only ~30 us over its kernels' sum.
 LAUNCH_DEPENDENTS_EARLY = False
 PDL = "triton.enable_pdl"
 
