@@ -12,7 +12,7 @@ the pixels. This times, in one process and interleaved round by round:
 - `fresh compile`: the same lowering compiled again here with Inductor's caches off, captured from `torch.randn`
   (what the build timed, in this process);
 
-each by the build's timer (`inductor_lowerings._replay_ms`: the quickest of 9 rounds of ~10 ms) and by the bench's
+each by the build's timer (`inductor_lowerings.replay_ms`: the quickest of 9 rounds of ~10 ms) and by the bench's
 protocol (median of 10 rounds of at least 20 ms), and the kernels of one replay of `loaded` and `fresh compile`
 (`probe_common.kernels`); beside them, the build's own quickest rounds from the engine's record. If `fresh compile` times as `loaded` does, the graphs are alike and the gap is the build's
 process; if it times as the build did, the kernel lists say what the caches give back differently; `loaded, randn`
@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 
 from probe_common import kernels
-from trtmc.backends.inductor import _cuda_feed, compiling_in_process, feed_dtype
-from trtmc.backends.inductor_lowerings import LOWERINGS, _replay_ms, captured, compile_cuda
+from trtmc.backends.inductor import compiling_in_process, feed_dtype
+from trtmc.backends.inductor_lowerings import LOWERINGS, captured, compile_cuda, replay_ms
 from trtmc.bench.spec import TimingProtocol
 from trtmc.bench.timing import CudaEventClock, TimedCall, time_interleaved
 from trtmc.runtime import Runtime
@@ -40,7 +40,7 @@ from trtmc.runtime import Runtime
 def randn_batch(runtime: Runtime, batch: int) -> torch.Tensor:
     """A batch as the build's example (`inductor._example`): standard normal pixels, fed as the engine feeds them."""
     shape = (batch, *runtime.graph.inputs[0].type.shape[1:])
-    return _cuda_feed(torch.randn(shape, device="cuda"), feed_dtype(runtime.graph))
+    return torch.randn(shape, device="cuda").to(feed_dtype(runtime.graph), memory_format=torch.channels_last)
 
 
 def fresh_compile(runtime: Runtime, batch: int, example: torch.Tensor):
@@ -69,7 +69,7 @@ def main() -> None:
         loaded_randn, _ = captured(engine._compiled, example.clone())
     fresh, _ = fresh_compile(runtime, batch, example.clone())
     graphs = {"loaded": loaded, "loaded, randn": loaded_randn, "fresh compile": fresh}
-    quickest = _replay_ms(graphs)
+    quickest = replay_ms(graphs)
     outcome = time_interleaved({name: TimedCall(g.replay, CudaEventClock()) for name, g in graphs.items()},
                                TimingProtocol())
     built = runtime.choice.record.get(LOWERINGS, {}).get(str(batch), {})  # the build's candidates, quickest rounds

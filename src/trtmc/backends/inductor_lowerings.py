@@ -246,7 +246,7 @@ def choose_lowering(compiled: "CompiledCuda", graph: Graph, example: torch.Tenso
             errors[name] = f"{type(exc).__name__}: {exc}"
     with timing_alone(lock, lambda s: progress(f"batch {batch}: waited {s:.1f} s for the GPU (other builds' "
                                                "timing or benchmarks) to be free")):
-        ms = _replay_ms(graphs)
+        ms = replay_ms(graphs)
     del graphs
     torch.cuda.empty_cache()
     fastest = min(ms, key=ms.get)
@@ -270,7 +270,7 @@ def captured(module, example: torch.Tensor) -> tuple[torch.cuda.CUDAGraph, torch
     return cuda_graph, out
 
 
-def _replay_ms(graphs: Mapping[str, torch.cuda.CUDAGraph], rounds: int = 9, round_ms: float = 10.0) -> dict[str, float]:
+def replay_ms(graphs: Mapping[str, torch.cuda.CUDAGraph], rounds: int = 9, round_ms: float = 10.0) -> dict[str, float]:
     """Each graph's quickest round, in ms per replay: rounds of back-to-back replays lasting about `round_ms`,
     timed with CUDA events, the graphs interleaved round by round (the bench's protocol, shorter). The quickest
     round, not the median: work of other processes on the GPU (a parallel prepare's compiles autotune their
