@@ -43,8 +43,8 @@ def randn_batch(runtime: Runtime, batch: int) -> torch.Tensor:
     return torch.randn(shape, device="cuda").to(feed_dtype(runtime.graph), memory_format=torch.channels_last)
 
 
-def fresh_compile(runtime: Runtime, batch: int, example: torch.Tensor):
-    """The engine's lowering at `batch` compiled again in this process with Inductor's caches off, then captured."""
+def fresh_compile(runtime: Runtime, example: torch.Tensor):
+    """The engine's lowering at the example's batch size compiled again in this process with Inductor's caches off, then captured."""
     import torch._inductor.config
 
     compiled = compile_cuda(runtime.graph, runtime.choice.record)
@@ -67,7 +67,7 @@ def main() -> None:
     example = randn_batch(runtime, batch)
     with compiling_in_process():
         loaded_randn, _ = captured(engine._compiled, example.clone())
-    fresh, _ = fresh_compile(runtime, batch, example.clone())
+    fresh, _ = fresh_compile(runtime, example.clone())
     graphs = {"loaded": loaded, "loaded, randn": loaded_randn, "fresh compile": fresh}
     quickest = replay_ms(graphs)
     outcome = time_interleaved({name: TimedCall(g.replay, CudaEventClock()) for name, g in graphs.items()},
