@@ -14,9 +14,10 @@ the pixels. This times, in one process and interleaved round by round:
 
 each by the build's timer (`inductor_lowerings.replay_ms`: the quickest of 9 rounds of ~10 ms) and by the bench's
 protocol (median of 10 rounds of at least 20 ms), and the kernels of one replay of `loaded` and `fresh compile`
-(`probe_common.kernels`); beside them, the build's own quickest rounds from the engine's record. If `fresh compile` times as `loaded` does, the graphs are alike and the gap is the build's
-process; if it times as the build did, the kernel lists say what the caches give back differently; `loaded, randn`
-against `loaded` is the input's share. Writes OUT.json.
+(`probe_common.kernels`); beside them, the build's own quickest rounds from the engine's record. If `fresh
+compile` times as `loaded` does, the graphs are alike and the gap is the build's process; if it times as the build
+did, the kernel lists say what the caches give back differently; `loaded, randn` against `loaded` is the input's
+share. Writes OUT.json.
 
     PYTHONPATH=src python tools/build_gap_probe.py BUNDLE OUT.json [BATCH]   # default batch 1
 """
@@ -44,7 +45,8 @@ def randn_batch(runtime: Runtime, batch: int) -> torch.Tensor:
 
 
 def fresh_compile(runtime: Runtime, example: torch.Tensor):
-    """The engine's lowering at the example's batch size compiled again in this process with Inductor's caches off, then captured."""
+    """The engine's lowering at the example's batch size compiled again in this process with Inductor's caches off,
+    then captured."""
     import torch._inductor.config
 
     compiled = compile_cuda(runtime.graph, runtime.choice.record)
