@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from probe_common import kernels
+from probe_common import cuda_inductor_runtime, kernels
 from trtmc.backends.inductor import compiling_in_process, feed_dtype
 from trtmc.backends.inductor_lowerings import LOWERINGS, captured, compile_cuda, replay_ms
 from trtmc.bench.spec import TimingProtocol
@@ -57,10 +57,8 @@ def fresh_compile(runtime: Runtime, example: torch.Tensor):
 def main() -> None:
     bundle, out = Path(sys.argv[1]), Path(sys.argv[2])
     batch = int(sys.argv[3]) if len(sys.argv) > 3 else 1
-    runtime = Runtime.open(bundle)
+    runtime = cuda_inductor_runtime(bundle)
     engine = runtime.engine
-    if not hasattr(engine, "_graphs"):
-        raise SystemExit(f"{bundle}: its engine here is {runtime.choice.key}, not the CUDA Inductor engine this probes")
     with torch.no_grad():
         x = engine._pixels.zeros(batch).uniform_()
         engine(x)  # captures the batch's graph from zeros, as the bench's engine does

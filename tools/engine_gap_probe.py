@@ -4,11 +4,11 @@ Run 25 (H100): each kept lowering's replay at build was 8-20% quicker at batch 1
 same bundle (13 entries; resnet50 0.304 against 0.341 ms, convnext_tiny 0.420 against 0.475, mobilenetv3_large_100
 0.225 against 0.270; 28-155 us a call, growing with the model, so not a fixed cost per call), and 2-13% at batch
 128 (14 entries). If `replay` below times as the bench's row does, the gap is the process or the GPU's state, not
-the engine's call; if it times as the build did, the layers above it say which one costs it. The build times its CUDA graph's `replay()` back to back
-(the quickest round); the bench times `engine(x)`: the pixels checked, copied into the graph's static buffer, the
-replay, the logits copied out as float32. This times those layers of one loaded engine, interleaved round by round
-with the bench's protocol (`trtmc.bench.timing.time_interleaved`: CUDA events, rounds of at least 20 ms, median of
-10 and the quickest round):
+the engine's call; if it times as the build did, the layers above it say which one costs it. The build times its
+CUDA graph's `replay()` back to back (the quickest round); the bench times `engine(x)`: the pixels checked, copied
+into the graph's static buffer, the replay, the logits copied out as float32. This times those layers of one loaded
+engine, interleaved round by round with the bench's protocol (`trtmc.bench.timing.time_interleaved`: CUDA events,
+rounds of at least 20 ms, median of 10 and the quickest round):
 
 - `replay`: the engine's own CUDA graph replayed back to back (what the build timed);
 - `copy+replay`: the pixels copied into the graph's static buffer, then the replay;
@@ -36,9 +36,9 @@ from pathlib import Path
 
 import torch
 
+from probe_common import cuda_inductor_runtime
 from trtmc.bench.spec import TimingProtocol
 from trtmc.bench.timing import CudaEventClock, TimedCall, time_interleaved
-from trtmc.runtime import Runtime
 
 ENQUEUED_CALLS = 200
 
@@ -70,10 +70,8 @@ def layers(engine, x: torch.Tensor) -> dict:
 def main() -> None:
     bundle, out = Path(sys.argv[1]), Path(sys.argv[2])
     batches = [int(b) for b in sys.argv[3:]] or [1]
-    runtime = Runtime.open(bundle)
+    runtime = cuda_inductor_runtime(bundle)
     engine = runtime.engine
-    if not hasattr(engine, "_graphs"):
-        raise SystemExit(f"{bundle}: its engine here is {runtime.choice.key}, not the CUDA Inductor engine this probes")
     results: dict = {"bundle": str(bundle), "engine": runtime.choice.key, "gpu": torch.cuda.get_device_name(),
                      "torch": torch.__version__, "batches": {}}
     with torch.no_grad():

@@ -16,6 +16,7 @@ from trtmc.build import prepare_graph
 from trtmc.checkpoint import open_checkpoint
 from trtmc.passes.precision import PrecisionPolicy, assign_precision
 from trtmc.random_weights import save_random_checkpoint
+from trtmc.runtime import Runtime
 
 
 def random_fp16_graph(arch: str):
@@ -23,6 +24,14 @@ def random_fp16_graph(arch: str):
     with tempfile.TemporaryDirectory() as tmp:
         prepared = prepare_graph(open_checkpoint(save_random_checkpoint(arch, Path(tmp) / arch)), "fp32")
     return assign_precision(prepared.graph, PrecisionPolicy("fp16"))
+
+
+def cuda_inductor_runtime(bundle: Path) -> Runtime:
+    """The bundle opened here, refused unless its engine is the CUDA Inductor one (a CUDA graph per batch size)."""
+    runtime = Runtime.open(bundle)
+    if not hasattr(runtime.engine, "_graphs"):
+        raise SystemExit(f"{bundle}: its engine here is {runtime.choice.key}, not the CUDA Inductor engine this probes")
+    return runtime
 
 
 def engine_replay(module: torch.nn.Module, graph, batch: int):

@@ -78,9 +78,8 @@ GEMM_TEMPLATE_OPTIONS = {"max_autotune_gemm": True, "max_autotune_gemm_backends"
 
 
 # Patch embeddings of few channels (ViT's, BEiT's, ConvNeXt's and Swin's stems) as one matrix product each, in every
-# lowering (`torch_lowering.patch_product_nodes`), not a candidate timed at build (a whole compile per batch size).
-# Measured on an H100 (run 26, tools/depthwise_taps_probe.py, the engine with and without them): vit_base_patch16_224
-# batch 1 0.639 -> 0.553 ms, batch 128 11.23 -> 10.53; convnext_tiny batch 1 0.568 -> 0.551, batch 128 7.99 -> 8.01.
+# lowering (`torch_lowering.patch_product_nodes`, where the measurements are), not a candidate timed at build (a whole
+# compile per batch size).
 PATCH_PRODUCTS_AT_BUILD = True
 
 
@@ -127,7 +126,8 @@ class Lowering:
 
     @property
     def rewritten(self) -> frozenset[str]:
-        """The convolutions this lowering runs as other ops (taps, products, patch products): none is cuDNN's to fuse."""
+        """The convolutions this lowering runs as other ops (taps, products, patch products): none is cuDNN's to
+        fuse."""
         return self.taps | self.products | self.patches
 
     def module(self, graph: Graph, device: torch.device) -> torch.nn.Module:
@@ -148,7 +148,8 @@ class Lowering:
 
 
 def lowering_candidates(graph: Graph, batch: int, depthwise_kernel: bool | None = None,
-                        gemm_templates: bool | None = None, patches: frozenset[str] = frozenset()) -> dict[str, Lowering]:
+                        gemm_templates: bool | None = None,
+                        patches: frozenset[str] = frozenset()) -> dict[str, Lowering]:
     """The lowerings a build times at `batch`: the plain one (taps and products where measured faster, run 9
     and 11) and, where the graph has ReLUs after half-precision convolutions, the same with those fused, except
     where the plain lowering runs most depthwise convolutions as taps (at batch 1): there the ReLU before a

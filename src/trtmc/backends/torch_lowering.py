@@ -529,9 +529,9 @@ class GraphModule(torch.nn.Module):
     compiled CUDA engine passes `depthwise_taps_nodes(graph, batch)`. `vector_products` names the 1x1
     convolutions on 1x1 maps to run as products and a sum (`_vector_product`; the engine passes
     `vector_product_nodes(graph, batch)`). `patch_products` names the patch embeddings to run as one matrix
-    product (`_patch_product`; the engine passes `patch_product_nodes(graph)`). `fusions` computes each node it names with the nodes before it
-    that the fusion absorbs, as one call (the compiled CUDA engine's cuDNN convolutions with their bias,
-    residual add and ReLU: `fused_convolutions.fused_convolutions(graph)`).
+    product (`_patch_product`; the engine passes `patch_product_nodes(graph)`). `fusions` computes each node it
+    names with the nodes before it that the fusion absorbs, as one call (the compiled CUDA engine's cuDNN
+    convolutions with their bias, residual add and ReLU: `fused_convolutions.fused_convolutions(graph)`).
     """
 
     def __init__(
