@@ -243,15 +243,17 @@ resizecheck() {
 per_arch_probe() {  # PROBE FOLDER THREADS "ARCH..." [PROBE ARGS...]: tools/PROBE `--compile-only` for every ARCH in
     local probe=$1 folder=$2 threads=$3 archs=$4 arch n  # parallel (THREADS compile workers each), then each ARCH
     shift 4                                              # timed, an equal share of the time left each; results in
-    for arch in $archs; do                               # FOLDER/ARCH.json
-        TORCHINDUCTOR_COMPILE_THREADS=$threads timeout 240 python3 "tools/$probe" "$RESULTS/$folder" \
+    local compile_s=$(($(left) / 2))                     # FOLDER/ARCH.json. The compiles get at most half the time
+    [ "$compile_s" -gt 240 ] && compile_s=240            # left; -k: a compile that ignores SIGTERM is killed
+    for arch in $archs; do
+        TORCHINDUCTOR_COMPILE_THREADS=$threads timeout -k 5 "$compile_s" python3 "tools/$probe" "$RESULTS/$folder" \
             "$arch" "$@" --compile-only >"$WORK/$folder-compile-$arch.log" 2>&1 &
     done
     wait
     tail -n 3 "$WORK/$folder"-compile-*.log >>"$LOG"
     n=$(wc -w <<<"$archs")
     for arch in $archs; do
-        timeout $(($(left) / n)) python3 "tools/$probe" "$RESULTS/$folder" "$arch" "$@" >>"$LOG" 2>&1
+        timeout -k 5 $(($(left) / n)) python3 "tools/$probe" "$RESULTS/$folder" "$arch" "$@" >>"$LOG" 2>&1
         echo "$folder $arch: $?" >>"$LOG"
         n=$((n - 1))
     done
@@ -409,6 +411,7 @@ for step in "${@:-bundles cold folders folderbench aoti}"; do
     for s in $step; do
         say "$s"
         clocks "$s" & sampler=$!  # whether a step ran at the GPU's full clock (run 26: replays 4-9% slower than at build)
+        disown "$sampler"  # a step's own `wait` must not wait for the sampler (run 28: two calls hung there)
         "${s//-/_}"
         kill "$sampler" 2>/dev/null
         tar --exclude='*.pt2' -C "$RESULTS" -czf "$OUT/results.tar.gz" .  # after every step: a timeout loses only the step it hit
