@@ -23,6 +23,9 @@
 #                the same module captured from randn as the build captures, and the lowering compiled afresh in the
 #                same process, timed interleaved, with the kernels of one replay (runs 26-27: the same graph 6-8%
 #                quicker at build than in a later process, at the GPU's full clock); results in buildgap/ARCH.json
+#   buildbusy    the same as buildgap with BUSY_CPUS (default 14) busy loops on the CPUs while each model builds, as
+#                the bench's prepare keeps them busy with 13 other builds (run 27's prepare recorded resnet50's batch-1
+#                graph at 0.303 ms, run 28's build alone at 0.322, as every later process times it); in buildbusy/
 #   folders      `trtmc classify` over 2,002 and 20,000 photos (the 22 repo photos linked round-robin), then the
 #                2,002 with `--compiled` and with `--resize-on workers`
 #   firstcall    tools/first_call_probe.py: the quick start's first uncompiled call profiled, with cuDNN and with
@@ -338,6 +341,22 @@ buildgap() {  # runs 26-27: a replay at build 6-8% quicker than the same graph's
         cat "$WORK/build-$arch-b1.log" >>"$LOG"
         timeout "$(left)" python3 tools/build_gap_probe.py "$WORK/$arch-b1.bundle" "$RESULTS/buildgap/$arch.json" 1 >>"$LOG" 2>&1
         echo "build gap $arch: $?" >>"$LOG"
+    done
+}
+
+buildbusy() {  # run 28: built alone, each b1 build timed its graph as a later process does (within 1%), while run
+    local arch hogs i  # 27's 14-build prepare recorded the same graphs 6-13% quicker: is it the busy CPUs?
+    mkdir -p "$RESULTS/buildbusy"
+    for arch in ${BUILDGAP_ARCHS:-resnet50 vit_base_patch16_224}; do
+        random_checkpoints "$arch"
+        hogs=()
+        for i in $(seq "${BUSY_CPUS:-14}"); do timeout 300 sh -c 'while :; do :; done' & hogs+=($!); done
+        build_one "$arch-b1-busy" "$WORK/$arch" 1
+        kill "${hogs[@]}" 2>/dev/null
+        cat "$WORK/build-$arch-b1-busy.log" >>"$LOG"
+        timeout "$(left)" python3 tools/build_gap_probe.py "$WORK/$arch-b1-busy.bundle" "$RESULTS/buildbusy/$arch.json" 1 \
+            >>"$LOG" 2>&1
+        echo "build busy $arch: $?" >>"$LOG"
     done
 }
 
