@@ -51,8 +51,9 @@ PDL = "triton.enable_pdl"
 # ~8 us for each (edgenext_small, run 19), a few times what the map's bytes need; fewer than 4 of them cannot
 # pay for the candidate's compile (~30 s of a build). Measured (`gpu_session.sh dwtriton`, run 21, H100): batch 1
 # edgenext_small 0.516 -> 0.465 ms, convnext_tiny 0.555 -> 0.489, efficientnet_b0 0.422 -> 0.412, ghostnet_100
-# (2 on the kernel) 0.341 -> 0.358; every model slower at batch 128. A build times it against the plain lowering
-# and keeps the faster.
+# (2 on the kernel) 0.341 -> 0.358; every model slower at batch 128. With the tile of run 22 (32 x 32, a row loop),
+# run 28 at batch 128: edgenext_small 5.497 -> 5.420 ms (-1.4%), fastvit_t8 8.899 -> 9.243 (+3.9%), not worth a
+# second compile. A build times it against the plain lowering and keeps the faster.
 DEPTHWISE_KERNEL_AT_BUILD = True
 DEPTHWISE_KERNEL_MAX_BATCH = 1
 MIN_ON_KERNEL = 4
