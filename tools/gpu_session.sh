@@ -25,7 +25,9 @@
 #                quicker at build than in a later process, at the GPU's full clock); results in buildgap/ARCH.json
 #   buildbusy    the same as buildgap with BUSY_CPUS (default 14) busy loops on the CPUs while each model builds, as
 #                the bench's prepare keeps them busy with 13 other builds (run 27's prepare recorded resnet50's batch-1
-#                graph at 0.303 ms, run 28's build alone at 0.322, as every later process times it); in buildbusy/
+#                graph at 0.303 ms, run 28's build alone at 0.322, as every later process times it); BUSY=gpu instead
+#                runs tools/gpu_nudge.py (~200 us of GPU work every 5 ms from another process) through the build and
+#                the probe; in buildbusy-cpu/ or buildbusy-gpu/
 #   folders      `trtmc classify` over 2,002 and 20,000 photos (the 22 repo photos linked round-robin), then the
 #                2,002 with `--compiled` and with `--resize-on workers`
 #   firstcall    tools/first_call_probe.py: the quick start's first uncompiled call profiled, with cuDNN and with
@@ -345,18 +347,24 @@ buildgap() {  # runs 26-27: a replay at build 6-8% quicker than the same graph's
 }
 
 buildbusy() {  # run 28: built alone, each b1 build timed its graph as a later process does (within 1%), while run
-    local arch hogs i  # 27's 14-build prepare recorded the same graphs 6-13% quicker: is it the busy CPUs?
-    mkdir -p "$RESULTS/buildbusy"
+    local arch hogs i  # 27's 14-build prepare recorded the same graphs 6-13% quicker: the busy CPUs? bursts on the GPU?
+    local kind=${BUSY:-cpu}
+    mkdir -p "$RESULTS/buildbusy-$kind"
     for arch in ${BUILDGAP_ARCHS:-resnet50 vit_base_patch16_224}; do
         random_checkpoints "$arch"
         hogs=()
-        for i in $(seq "${BUSY_CPUS:-14}"); do timeout 300 sh -c 'while :; do :; done' & hogs+=($!); done
-        build_one "$arch-b1-busy" "$WORK/$arch" 1
+        if [ "$kind" = gpu ]; then  # through the build and the probe: does a later replay speed up beside it too?
+            timeout 600 python3 tools/gpu_nudge.py "$(left)" >>"$LOG" 2>&1 & hogs+=($!)
+        else
+            for i in $(seq "${BUSY_CPUS:-14}"); do timeout 300 sh -c 'while :; do :; done' & hogs+=($!); done
+        fi
+        build_one "$arch-b1-busy-$kind" "$WORK/$arch" 1
+        [ "$kind" = gpu ] || kill "${hogs[@]}" 2>/dev/null
+        cat "$WORK/build-$arch-b1-busy-$kind.log" >>"$LOG"
+        timeout "$(left)" python3 tools/build_gap_probe.py "$WORK/$arch-b1-busy-$kind.bundle" \
+            "$RESULTS/buildbusy-$kind/$arch.json" 1 >>"$LOG" 2>&1
+        echo "build busy ($kind) $arch: $?" >>"$LOG"
         kill "${hogs[@]}" 2>/dev/null
-        cat "$WORK/build-$arch-b1-busy.log" >>"$LOG"
-        timeout "$(left)" python3 tools/build_gap_probe.py "$WORK/$arch-b1-busy.bundle" "$RESULTS/buildbusy/$arch.json" 1 \
-            >>"$LOG" 2>&1
-        echo "build busy $arch: $?" >>"$LOG"
     done
 }
 
