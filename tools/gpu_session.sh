@@ -334,15 +334,19 @@ templates() {  # TEMPLATES_ARCHS picks models (run 24: a 300 s call measured vit
     inductor_options templates "${TEMPLATES_BATCHES:-1 128}" "${chosen[@]}"
 }
 
+gap_probe() {  # ARCH NAME FOLDER: tools/build_gap_probe.py at batch 1 on $WORK/NAME.bundle (its build log first)
+    cat "$WORK/build-$2.log" >>"$LOG"
+    timeout "$(left)" python3 tools/build_gap_probe.py "$WORK/$2.bundle" "$RESULTS/$3/$1.json" 1 >>"$LOG" 2>&1
+    echo "$3 $1: $?" >>"$LOG"
+}
+
 buildgap() {  # runs 26-27: a replay at build 6-8% quicker than the same graph's in a later process, not the clock
     local arch
     mkdir -p "$RESULTS/buildgap"
     for arch in ${BUILDGAP_ARCHS:-resnet50 vit_base_patch16_224}; do
         random_checkpoints "$arch"
         [ -f "$WORK/$arch-b1.bundle" ] || build_one "$arch-b1" "$WORK/$arch" 1
-        cat "$WORK/build-$arch-b1.log" >>"$LOG"
-        timeout "$(left)" python3 tools/build_gap_probe.py "$WORK/$arch-b1.bundle" "$RESULTS/buildgap/$arch.json" 1 >>"$LOG" 2>&1
-        echo "build gap $arch: $?" >>"$LOG"
+        gap_probe "$arch" "$arch-b1" buildgap
     done
 }
 
@@ -355,15 +359,12 @@ buildbusy() {  # run 28: built alone, each b1 build timed its graph as a later p
         hogs=()
         if [ "$kind" = gpu ]; then  # through the build and the probe: does a later replay speed up beside it too?
             timeout 600 python3 tools/gpu_nudge.py "$(left)" >>"$LOG" 2>&1 & hogs+=($!)
-        else
+        else  # through the build only, as in the prepare
             for i in $(seq "${BUSY_CPUS:-14}"); do timeout 300 sh -c 'while :; do :; done' & hogs+=($!); done
         fi
         build_one "$arch-b1-busy-$kind" "$WORK/$arch" 1
         [ "$kind" = gpu ] || kill "${hogs[@]}" 2>/dev/null
-        cat "$WORK/build-$arch-b1-busy-$kind.log" >>"$LOG"
-        timeout "$(left)" python3 tools/build_gap_probe.py "$WORK/$arch-b1-busy-$kind.bundle" \
-            "$RESULTS/buildbusy-$kind/$arch.json" 1 >>"$LOG" 2>&1
-        echo "build busy ($kind) $arch: $?" >>"$LOG"
+        gap_probe "$arch" "$arch-b1-busy-$kind" "buildbusy-$kind"
         kill "${hogs[@]}" 2>/dev/null
     done
 }
