@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -96,6 +97,150 @@ def _depthwise_rows_kernel(
     at = (((n * out_height + oh) * out_width)[:, None, None] + ow[None, :, None]) * channels + c[None, None, :]
     mask = in_r[:, None, None] & in_w[None, :, None] & in_c[None, None, :]
     tl.store(out_ptr + at, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _depthwise_wt_kernel(
+    x_ptr, wt_ptr, b_ptr, out_ptr, pixels, height, width, channels, out_height, out_width,
+    stride_h: tl.constexpr, stride_w: tl.constexpr, top: tl.constexpr, left: tl.constexpr,
+    dilation_h: tl.constexpr, dilation_w: tl.constexpr, kh: tl.constexpr, kw: tl.constexpr,
+    has_bias: tl.constexpr, block_p: tl.constexpr, block_c: tl.constexpr,
+):
+    # The flat kernel with its taps transposed to float32 [kh * kw, C] (`wt`): a tap's channels are one contiguous
+    # vector, loaded without a conversion, where the built kernel's [C, kh * kw] taps are one scalar load and one
+    # conversion per channel and tap.
+    p = tl.program_id(0) * block_p + tl.arange(0, block_p)
+    c = tl.program_id(1) * block_c + tl.arange(0, block_c)
+    n, rest = p // (out_height * out_width), p % (out_height * out_width)
+    oh, ow = rest // out_width, rest % out_width
+    in_p, in_c = p < pixels, c < channels
+    acc = tl.zeros((block_p, block_c), dtype=tl.float32)
+    for i in range(kh):
+        ih = oh * stride_h - top + i * dilation_h
+        for j in tl.static_range(kw):
+            iw = ow * stride_w - left + j * dilation_w
+            inside = in_p & (ih >= 0) & (ih < height) & (iw >= 0) & (iw < width)
+            row = ((n * height + ih) * width + iw) * channels
+            x = tl.load(x_ptr + row[:, None] + c[None, :], mask=inside[:, None] & in_c[None, :], other=0.0)
+            tap = tl.load(wt_ptr + (i * kw + j) * channels + c, mask=in_c, other=0.0)
+            acc += x.to(tl.float32) * tap[None, :]
+    if has_bias:
+        acc += tl.load(b_ptr + c, mask=in_c, other=0.0).to(tl.float32)[None, :]
+    tl.store(out_ptr + p[:, None] * channels + c[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=in_p[:, None] & in_c[None, :])
+
+
+@triton.jit
+def _depthwise_toeplitz_kernel(
+    x_ptr, t_ptr, b_ptr, out_ptr, out_rows, height, width, channels, out_height, out_width,
+    top: tl.constexpr, left: tl.constexpr, kh: tl.constexpr, has_bias: tl.constexpr,
+    block_r: tl.constexpr, block_w: tl.constexpr, block_k: tl.constexpr, block_c: tl.constexpr,
+):
+    # Stride 1, no dilation, on the tensor cores. For one channel, kernel row i turns a strip of block_k input
+    # columns into block_w output columns by a banded (Toeplitz) matrix T_i[k, m] = w[i, k - m]; a program's
+    # block_r output rows (of any images: q = n * out_height + oh) are then sum_i X_i @ T_i, X_i[r, k] the input at
+    # row oh + i - top, column ow0 - left + k: one matrix product per channel, batched over block_c channels
+    # (`t`: [C, kh, block_k, block_w], made from the weights once). Products of halves summed in float32.
+    q = tl.program_id(0) * block_r + tl.arange(0, block_r)
+    ow0 = tl.program_id(1) * block_w
+    c = tl.program_id(2) * block_c + tl.arange(0, block_c)
+    k = tl.arange(0, block_k)
+    m = tl.arange(0, block_w)
+    n, oh = q // out_height, q % out_height
+    iw = ow0 - left + k
+    in_q, in_c = q < out_rows, c < channels
+    col_ok = (iw >= 0) & (iw < width)
+    acc = tl.zeros((block_c, block_r, block_w), dtype=tl.float32)
+    for i in range(kh):
+        ih = oh - top + i
+        row_ok = in_q & (ih >= 0) & (ih < height)
+        row = (n * height + ih) * width
+        at = ((row[None, :, None] + iw[None, None, :]) * channels) + c[:, None, None]
+        x = tl.load(x_ptr + at, mask=in_c[:, None, None] & row_ok[None, :, None] & col_ok[None, None, :], other=0.0)
+        band = tl.load(t_ptr + ((c[:, None, None] * kh + i) * block_k + k[None, :, None]) * block_w + m[None, None, :],
+                       mask=in_c[:, None, None], other=0.0)
+        acc = tl.dot(x, band, acc)
+    if has_bias:
+        acc += tl.load(b_ptr + c, mask=in_c, other=0.0).to(tl.float32)[:, None, None]
+    ow = ow0 + m
+    at = (q[None, :, None] * out_width + ow[None, None, :]) * channels + c[:, None, None]
+    mask = in_c[:, None, None] & in_q[None, :, None] & (ow < out_width)[None, None, :]
+    tl.store(out_ptr + at, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _reuse_tap(acc, x, wt_ptr, c, in_c, channels, i: tl.constexpr, j: tl.constexpr, kh: tl.constexpr,
+               kw: tl.constexpr):
+    # Output row r's share of a loaded input strip: tap (i, j) = (t - r, j), where that row is one of the kernel's.
+    if i >= 0:
+        if i < kh:
+            acc += x * tl.load(wt_ptr + (i * kw + j) * channels + c, mask=in_c, other=0.0)[None, :]
+    return acc
+
+
+@triton.jit
+def _reuse_store(acc, b_ptr, out_ptr, n, oh, ow, c, in_c, channels, out_height, out_width, has_bias: tl.constexpr):
+    if has_bias:
+        acc += tl.load(b_ptr + c, mask=in_c, other=0.0).to(tl.float32)[None, :]
+    at = ((n * out_height + oh) * out_width + ow) * channels
+    mask = (oh < out_height) & (ow < out_width)
+    tl.store(out_ptr + at[:, None] + c[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask[:, None] & in_c[None, :])
+
+
+@triton.jit
+def _depthwise_reuse_kernel(
+    x_ptr, wt_ptr, b_ptr, out_ptr, height, width, channels, out_height, out_width,
+    top: tl.constexpr, left: tl.constexpr, kh: tl.constexpr, kw: tl.constexpr, has_bias: tl.constexpr,
+    rows: tl.constexpr, block_w: tl.constexpr, block_c: tl.constexpr,
+):
+    # Stride 1, no dilation. A program: `rows` (at most 4) output rows from oh0 of image n, block_w columns,
+    # block_c channels, one accumulator each. Each input strip (row oh0 - top + t, shifted by tap column j) is
+    # loaded and converted once and added into every output row that uses it, with that row's tap (t - r, j):
+    # (rows + kh - 1) * kw loads for rows * kh * kw multiply-adds, where the flat kernel loads one strip per
+    # multiply-add. Every loop unrolled, so each row's tap is known when compiling: no multiply by a zero tap.
+    row_blocks = tl.cdiv(out_height, rows)
+    n = tl.program_id(0) // row_blocks
+    oh0 = (tl.program_id(0) % row_blocks) * rows
+    ow = tl.program_id(1) * block_w + tl.arange(0, block_w)
+    c = tl.program_id(2) * block_c + tl.arange(0, block_c)
+    in_c = c < channels
+    acc0 = tl.zeros((block_w, block_c), dtype=tl.float32)
+    acc1 = tl.zeros((block_w, block_c), dtype=tl.float32)
+    acc2 = tl.zeros((block_w, block_c), dtype=tl.float32)
+    acc3 = tl.zeros((block_w, block_c), dtype=tl.float32)
+    for t in tl.static_range(rows + kh - 1):
+        ih = oh0 - top + t
+        row_ok = (ih >= 0) & (ih < height)
+        for j in tl.static_range(kw):
+            iw = ow - left + j
+            inside = row_ok & (iw >= 0) & (iw < width)
+            x = tl.load(x_ptr + (((n * height + ih) * width + iw) * channels)[:, None] + c[None, :],
+                        mask=inside[:, None] & in_c[None, :], other=0.0).to(tl.float32)
+            acc0 = _reuse_tap(acc0, x, wt_ptr, c, in_c, channels, t, j, kh, kw)
+            if rows > 1:
+                acc1 = _reuse_tap(acc1, x, wt_ptr, c, in_c, channels, t - 1, j, kh, kw)
+            if rows > 2:
+                acc2 = _reuse_tap(acc2, x, wt_ptr, c, in_c, channels, t - 2, j, kh, kw)
+            if rows > 3:
+                acc3 = _reuse_tap(acc3, x, wt_ptr, c, in_c, channels, t - 3, j, kh, kw)
+    _reuse_store(acc0, b_ptr, out_ptr, n, oh0, ow, c, in_c, channels, out_height, out_width, has_bias)
+    if rows > 1:
+        _reuse_store(acc1, b_ptr, out_ptr, n, oh0 + 1, ow, c, in_c, channels, out_height, out_width, has_bias)
+    if rows > 2:
+        _reuse_store(acc2, b_ptr, out_ptr, n, oh0 + 2, ow, c, in_c, channels, out_height, out_width, has_bias)
+    if rows > 3:
+        _reuse_store(acc3, b_ptr, out_ptr, n, oh0 + 3, ow, c, in_c, channels, out_height, out_width, has_bias)
+
+
+def toeplitz_bands(weight: torch.Tensor, block_w: int, block_k: int) -> torch.Tensor:
+    """[C, 1, kh, kw] -> [C, kh, block_k, block_w]: T[c, i, k, m] = w[c, i, k - m] where 0 <= k - m < kw, else 0."""
+    channels, _, kh, kw = weight.shape
+    k = torch.arange(block_k, device=weight.device)[:, None]
+    m = torch.arange(block_w, device=weight.device)[None, :]
+    j = k - m
+    inside = (j >= 0) & (j < kw)
+    taps = weight[:, 0][:, :, j.clamp(0, kw - 1)]  # [C, kh, block_k, block_w]
+    return torch.where(inside, taps, torch.zeros((), dtype=weight.dtype, device=weight.device)).contiguous()
 
 
 @dataclass(frozen=True)
@@ -183,7 +328,76 @@ def variants() -> dict[str, Callable]:
     for r, w_, c, n in ((2, 8, 32, 1), (2, 16, 64, 4), (4, 8, 64, 4), (4, 16, 32, 4), (4, 16, 64, 4),
                         (4, 32, 64, 8)):
         tiles[f"rows {r} {w_} {c} {n}"] = rows(r, w_, c, n)
+    # Run 29: fewer instructions per multiply-add (taps as float32 vectors; more pixels a thread) and the tensor
+    # cores (Toeplitz bands), for convnext_tiny's 7x7 convolutions at batch 128, where cuDNN and every tile above
+    # run at about a sixth of the bytes' and the multiply-adds' bounds.
+    for p, c, w in ((32, 32, 2), (64, 32, 2), (64, 64, 4), (128, 32, 4), (64, 32, 4)):
+        tiles[f"wt {p} {c} {w}"] = transposed(p, c, w)
+    for r, w_, c, n in ((16, 16, 16, 4), (32, 16, 16, 4)):
+        tiles[f"toeplitz {r} {w_} {c} {n}"] = toeplitz(r, w_, c, n)
+    for r, w_, c, n in ((4, 16, 32, 2), (4, 32, 32, 4), (4, 8, 64, 2), (2, 16, 32, 2), (4, 16, 64, 4), (4, 8, 32, 1),
+                        (3, 16, 32, 2), (4, 32, 64, 8)):
+        tiles[f"reuse {r} {w_} {c} {n}"] = reuse(r, w_, c, n)
     return tiles
+
+
+def derived(make: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """`make(taps, *extra)` once per taps tensor and extra: weights laid out for a variant before its calls are
+    timed, as a build would lay them out once."""
+    made: dict = {}  # (id(taps), extra) -> (taps, the layout): taps kept alive, so no later tensor takes its id
+
+    def get(taps: torch.Tensor, *extra) -> torch.Tensor:
+        key = (id(taps), extra)
+        if key not in made:
+            made[key] = (taps, make(taps, *extra))
+        return made[key][1]
+    return get
+
+
+def transposed(block_p: int, block_c: int, warps: int):
+    wt = derived(lambda taps: taps.t().float().contiguous())
+
+    def launch(x, taps, bias, out, conv: Conv):
+        pixels = conv.batch * conv.out_size[0] * conv.out_size[1]
+        grid = (triton.cdiv(pixels, block_p), triton.cdiv(conv.channels, block_c))
+        _depthwise_wt_kernel[grid](
+            x, wt(taps), taps if bias is None else bias, out, pixels, conv.height, conv.width, conv.channels,
+            *conv.out_size, *conv.stride, *conv.padding[:2], *conv.dilation, *conv.kernel, bias is not None,
+            block_p, block_c, num_warps=warps)
+    return launch
+
+
+def reuse(rows: int, block_w: int, block_c: int, warps: int):
+    wt = derived(lambda taps: taps.t().float().contiguous())
+
+    def launch(x, taps, bias, out, conv: Conv):
+        if conv.stride != (1, 1) or conv.dilation != (1, 1):
+            return False  # not this variant's convolution
+        grid = (conv.batch * triton.cdiv(conv.out_size[0], rows), triton.cdiv(conv.out_size[1], block_w),
+                triton.cdiv(conv.channels, block_c))
+        _depthwise_reuse_kernel[grid](
+            x, wt(taps), taps if bias is None else bias, out, conv.height, conv.width, conv.channels, *conv.out_size,
+            *conv.padding[:2], *conv.kernel, bias is not None, rows, block_w, block_c, num_warps=warps)
+    return launch
+
+
+def toeplitz(block_r: int, block_w: int, block_c: int, warps: int):
+    bands = derived(lambda taps, kh, kw, block_k: toeplitz_bands(
+        taps.view(taps.shape[0], 1, kh, kw), block_w, block_k))
+
+    def launch(x, taps, bias, out, conv: Conv):
+        if conv.stride != (1, 1) or conv.dilation != (1, 1):
+            return False  # not this variant's convolution
+        kh, kw = conv.kernel
+        block_k = triton.next_power_of_2(block_w + kw - 1)
+        out_rows = conv.batch * conv.out_size[0]
+        grid = (triton.cdiv(out_rows, block_r), triton.cdiv(conv.out_size[1], block_w),
+                triton.cdiv(conv.channels, block_c))
+        _depthwise_toeplitz_kernel[grid](
+            x, bands(taps, kh, kw, block_k), taps if bias is None else bias, out, out_rows, conv.height, conv.width,
+            conv.channels, *conv.out_size, *conv.padding[:2], kh, bias is not None, block_r, block_w, block_k, block_c,
+            num_warps=warps)
+    return launch
 
 
 def tensors(conv: Conv, device: str, seed: int):
@@ -246,13 +460,18 @@ def run_conv(conv: Conv, launches: dict[str, Callable], device: str, timed: bool
     taps = weight.reshape(conv.channels, -1).contiguous()
     expected = reference(x, weight, bias, conv)
     scale = float(expected.abs().max()) or 1.0
-    row: dict = {**asdict(conv), "us": {}, "wrong": {}}
+    row: dict = {**asdict(conv), "us": {}, "wrong": {}, "failed": {}}
     if timed:
         row["us"]["cudnn"] = replay_us(cudnn(x, weight, bias, conv))
     for name, launch in launches.items():
         out = torch.empty((conv.batch, conv.channels, *conv.out_size), dtype=x.dtype, device=device,
                           memory_format=torch.channels_last)
-        launch(x, taps, bias, out, conv)
+        try:
+            if launch(x, taps, bias, out, conv) is False:
+                continue
+        except Exception as error:  # a variant Triton cannot compile here: reported, the others still timed
+            row["failed"][name] = f"{type(error).__name__}: {str(error)[:300]}"
+            continue
         error = float((out.float() - expected).abs().max()) / scale
         if error > ONE_ROUNDING:
             row["wrong"][name] = error
@@ -266,7 +485,8 @@ def summary(rows: list[dict]) -> dict:
     def totals(chosen: list[dict]) -> dict:
         names = set.intersection(*(set(r["us"]) for r in chosen)) if chosen else set()
         sums = {n: round(sum(r["count"] * r["us"][n] for r in chosen), 1) for n in sorted(names)}
-        best = sum(r["count"] * min(v for k, v in r["us"].items() if k != "cudnn") for r in chosen)
+        best = sum(r["count"] * min((v for k, v in r["us"].items() if k != "cudnn"), default=float("nan"))
+                   for r in chosen)
         best_or_cudnn = sum(r["count"] * min(r["us"].values()) for r in chosen)
         ranked = sorted((v, n) for n, v in sums.items())
         return {"convolutions": sum(r["count"] for r in chosen), "us": sums, "best kernel per shape": round(best, 1),
@@ -283,6 +503,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, action="append", help="batch sizes (default 1 and 128)")
     parser.add_argument("--seconds", type=float, default=1e9, help="stop timing after this long (results so far kept)")
     parser.add_argument("--compile-only", action="store_true")
+    parser.add_argument("--variants", help="only the variants whose names match this regular expression")
+    parser.add_argument("--cudnn-benchmark", action="store_true",
+                        help="cuDNN in its benchmark mode (its quickest algorithm for each shape, not its heuristic's "
+                             "pick); in a process of its own, since ATen caches the plan a shape first got")
     parser.add_argument("--check", action="store_true", help="every variant's output on every shape, nothing timed "
                                                               "(on a CPU under TRITON_INTERPRET=1)")
     args = parser.parse_args()
@@ -291,10 +515,13 @@ def main() -> None:
     elif not torch.cuda.is_available():
         sys.exit("timing needs a GPU; on a CPU use --check under TRITON_INTERPRET=1")
     device = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
-    launches = variants()
+    launches = {name: launch for name, launch in variants().items()
+                if not args.variants or re.search(args.variants, name)}
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark
     started, good = time.perf_counter(), True
     for arch in args.archs:
         result = {"arch": arch, "torch": torch.__version__, "triton": triton.__version__,
+                  "cudnn_benchmark": args.cudnn_benchmark,
                   "gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu", "batches": {}}
         graph = random_fp16_graph(arch)
         for batch in [1] if args.check else args.batch or [1, 128]:
@@ -310,7 +537,8 @@ def main() -> None:
                 fastest = sorted((v, k) for k, v in row["us"].items())[:3]
                 print(f"{arch} b{batch} {conv}: " + (", ".join(f"{k} {v:.1f} us" for v, k in fastest) or "ran")
                       + (f"; cudnn {row['us']['cudnn']:.1f}, as built {row['us'].get(AS_BUILT, float('nan')):.1f}"
-                         if row["us"] else "") + (f"; WRONG {row['wrong']}" if row["wrong"] else ""), flush=True)
+                         if row["us"] else "") + (f"; WRONG {row['wrong']}" if row["wrong"] else "")
+                      + (f"; FAILED {row['failed']}" if row["failed"] else ""), flush=True)
             if args.check or args.compile_only:
                 continue
             result["batches"][str(batch)] = {"convolutions": rows, "summary": summary(rows)}
