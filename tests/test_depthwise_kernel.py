@@ -17,18 +17,19 @@ import numpy as np
 import pytest
 import torch
 
-from trtmc.backends.depthwise_kernel import TILE, compiled_for, depthwise_kernels
+from trtmc.backends.depthwise_kernel import ROW_TILE, TILE, compiled_for, depthwise_kernels, on_rows
 from trtmc.backends.inductor_lowerings import (
     DEPTHWISE_KERNEL_AT_BUILD, KERNEL, LOWERINGS, PLAIN, Lowering, compile_cuda, lowering_candidates,
 )
-from trtmc.backends.torch_lowering import GraphModule, to_fx
+from trtmc.backends.torch_lowering import GraphModule, buffer_name, to_fx
 from trtmc.graph_builder import GraphBuilder
 from trtmc.passes.precision import PrecisionPolicy, assign_precision
 
 # (kernel, stride (h, w), padding (top, left, bottom, right), dilation (h, w), channels, bias): whole channel tiles
 # (64, 96 channels) and partial ones (40, 17, 8), TF "SAME" padding at stride 2, dilation, a width no tile divides,
 # rows and columns told apart (padding, stride and dilation each differing between them), and kernels wider than
-# 7x7.
+# 7x7. Stride 1 without dilation runs on the row kernel (its maps of 13 rows end inside a program's 3, and the last
+# two cases pad each side differently and fill part of a channel tile); the rest on the flat kernel.
 CASES = [
     (3, (1, 1), (1, 1, 1, 1), (1, 1), 64, True),
     (5, (2, 2), (1, 1, 2, 2), (1, 1), 40, True),
@@ -38,6 +39,8 @@ CASES = [
     (3, (1, 2), (0, 2, 2, 0), (2, 1), 24, True),
     (9, (1, 1), (4, 4, 4, 4), (1, 1), 24, True),
     (11, (2, 1), (5, 3, 5, 7), (1, 1), 8, False),
+    (5, (1, 1), (1, 2, 3, 2), (1, 1), 40, True),
+    (3, (1, 1), (0, 1, 2, 1), (1, 1), 17, False),
 ]
 
 _INTERPRETED = textwrap.dedent("""
@@ -88,7 +91,23 @@ def test_the_built_kernel_loops_over_its_rows_at_every_size_so_its_compile_does_
     assert "scf.for" not in unrolled and unrolled.count("tt.load") == 2 * 9 + 1
 
 
-def _depthwise_graph(case):
+def test_stride_one_convolutions_without_dilation_run_on_the_row_kernel():
+    assert on_rows([1, 1], [1, 1])
+    assert not on_rows([2, 2], [1, 1]) and not on_rows([1, 2], [1, 1]) and not on_rows([1, 1], [2, 2])
+    assert sum(on_rows(stride, dilation) for _, stride, _, dilation, _, _ in CASES) == 5  # the interpreter's cases
+
+
+def test_the_row_kernel_loads_each_input_strip_once_for_all_the_output_rows_it_feeds():
+    # Every loop unrolled: (rows + kh - 1) * kw strips, each tap once (Triton merges a tap's loads for the rows
+    # that share it) and the bias, where the flat kernel loads a strip for every row and tap.
+    for kernel in (3, 7):
+        ttir = compiled_for(90, kernel, ROW_TILE).asm["ttir"]
+        strips = (ROW_TILE.rows + kernel - 1) * kernel
+        assert "scf.for" not in ttir and ttir.count("tt.load") == strips + kernel * kernel + 1, kernel
+        assert strips < ROW_TILE.rows * kernel * kernel
+
+
+def _depthwise_graph(case, precision: str = "fp32"):
     kernel, stride, padding, dilation, channels, bias = case
     rng = np.random.default_rng(kernel + channels)
     g = GraphBuilder()
@@ -97,7 +116,7 @@ def _depthwise_graph(case):
                  rng.standard_normal(channels) if bias else None, stride=stride, padding=padding, dilation=dilation,
                  groups=channels)
     g.output(g.conv2d(y, "blocks.0.conv_pw", rng.standard_normal((4, channels, 1, 1))))
-    return assign_precision(g.finish(), PrecisionPolicy("fp32"))
+    return assign_precision(g.finish(), PrecisionPolicy(precision))
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -108,6 +127,25 @@ def test_a_graph_lowered_to_the_depthwise_op_computes_what_the_graph_does(case):
     pixels = torch.from_numpy(np.random.default_rng(1).standard_normal((2, case[4], 13, 11)).astype(np.float32))
     with torch.no_grad():
         assert torch.allclose(GraphModule(graph, fusions=kernels)(pixels), GraphModule(graph)(pixels), rtol=1e-5, atol=1e-5)
+
+
+def test_the_row_kernels_weights_are_laid_out_tap_by_tap_in_float32_and_the_module_computes_the_same():
+    # A 7x7 convolution at stride 1 (the row kernel's) beside a strided 5x5 one (the flat kernel's, left as built).
+    for case, tap_by_tap in ((CASES[2], True), (CASES[1], False)):
+        half = Lowering(frozenset(), frozenset(), depthwise_kernel=True).module(
+            _depthwise_graph(case, "fp16"), torch.device("cpu"))
+        key = _depthwise_graph(case).node("blocks.0.conv_dw").attrs.weight
+        weight = half.get_buffer(buffer_name(key))
+        channels, _, kh, kw = weight.shape
+        assert (weight.stride(0), weight.stride(2), weight.stride(3)) == (
+            (1, kw * channels, channels) if tap_by_tap else (kh * kw, kw, 1))
+        assert weight.dtype == (torch.float32 if tap_by_tap else torch.float16)  # the half values, held exactly
+        assert torch.equal(weight.half().float(), weight.float())
+        graph = _depthwise_graph(case)
+        module = Lowering(frozenset(), frozenset(), depthwise_kernel=True).module(graph, torch.device("cpu"))
+        pixels = torch.from_numpy(np.random.default_rng(2).standard_normal((2, channels, 13, 11)).astype(np.float32))
+        with torch.no_grad():
+            assert torch.allclose(module(pixels), GraphModule(graph)(pixels), rtol=1e-5, atol=1e-5)
 
 
 def test_the_traced_module_calls_the_op_once_per_depthwise_convolution_and_taps_keep_theirs():
@@ -136,16 +174,24 @@ def test_the_depthwise_kernel_lowering_is_offered_at_batch_1_where_cudnn_would_r
     offered = lowering_candidates(graph, 1, depthwise_kernel=True)
     assert list(offered) == [PLAIN, KERNEL] and offered[KERNEL].depthwise_kernel
     assert offered[KERNEL].taps == offered[PLAIN].taps == frozenset()
-    # Batch 1 only: at 128 the kernel ran slower than cuDNN (run 21).
-    assert list(lowering_candidates(graph, 8, depthwise_kernel=True)) == [PLAIN]
     assert list(lowering_candidates(_depthwise_stack(3, 7), 1, depthwise_kernel=True)) == [PLAIN]  # too few to pay
     assert list(lowering_candidates(_depthwise_stack(4, 3), 1, depthwise_kernel=True)) == [PLAIN]  # all taps there
 
 
-def test_a_build_times_the_depthwise_kernel_at_batch_1_once_the_gpu_has_measured_it():
+def test_above_batch_1_the_depthwise_kernel_lowering_is_offered_only_where_four_kernels_are_7x7_or_wider():
+    # At 16 channels no depthwise convolution is taps above batch 1 (TAPS_BELOW_CHANNELS), so cuDNN would run all
+    # of them; run 29 measured the row kernel quicker at batch 128 on networks with 7x7 ones, not on 3x3 ones.
+    assert list(lowering_candidates(_depthwise_stack(4, 7), 128, depthwise_kernel=True)) == [PLAIN, KERNEL]
+    assert list(lowering_candidates(_depthwise_stack(4, 9), 8, depthwise_kernel=True)) == [PLAIN, KERNEL]
+    assert list(lowering_candidates(_depthwise_stack(4, 3), 128, depthwise_kernel=True)) == [PLAIN]
+    assert list(lowering_candidates(_depthwise_stack(4, 5), 128, depthwise_kernel=True)) == [PLAIN]
+    assert list(lowering_candidates(_depthwise_stack(3, 7), 128, depthwise_kernel=True)) == [PLAIN]
+
+
+def test_a_build_times_the_depthwise_kernel_once_the_gpu_has_measured_it():
     assert DEPTHWISE_KERNEL_AT_BUILD
     assert list(lowering_candidates(_depthwise_stack(4, 7), 1)) == [PLAIN, KERNEL]
-    assert list(lowering_candidates(_depthwise_stack(4, 7), 8)) == [PLAIN]
+    assert list(lowering_candidates(_depthwise_stack(4, 7), 128)) == [PLAIN, KERNEL]
 
 
 def test_the_depthwise_kernel_lowering_computes_what_the_plain_one_does():

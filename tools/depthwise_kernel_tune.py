@@ -17,9 +17,15 @@ depthwise convolution (shape, kernel, stride, padding; how many the network has)
 the layer's weights by: cuDNN (`F.conv2d` channels-last, as the engine's extern call runs it); the kernel as built
 (`TILE`); run 21's tile (`flat 32 64 4`: every tap unrolled up to 7x7, at a compile time that grows with them) and
 the same looping over the kernel's rows; other tiles and warp counts, looping (`flat P C W looped`);
-and a row-tiled variant defined here (`rows R W C N`: each program computes R output rows x W columns x C channels
+a row-tiled variant defined here (`rows R W C N`: each program computes R output rows x W columns x C channels
 and loads each input row's strip once per horizontal tap, for all R output rows that use it: (R * stride + kh - 1)
-* kw loads instead of R * kh * kw; a loop over the input rows, each row's taps unrolled).
+* kw loads instead of R * kh * kw; a loop over the input rows, each row's taps unrolled, every row multiplying
+each strip by its tap or a zero); the flat kernel with its taps as float32 vectors (`wt P C W`); and the product's
+row kernel (`depthwise_rows_kernel`, stride 1 only: one accumulator per row, every loop unrolled, no zero taps) at
+its tile (`ROW_TILE`, `reuse 3 16 32 2`) and others (`reuse R W C N`), its taps as the engine's channels-last
+weights or laid out tap by tap (`, taps-major`; `, taps-major float32`, as `taps_major_weights` lays them out).
+`--cudnn-benchmark` times cuDNN's quickest algorithm for each shape instead of its heuristic's pick (run it in a
+process of its own); `--variants REGEX` times only the variants it matches.
 Each is checked against `F.conv2d` in float32 (within one half-precision rounding of the output's largest value;
 a wrong variant is reported, never timed), captured in a CUDA graph of back-to-back calls and timed by CUDA events
 (median of 10 replays). The summary sums each variant over the network (times the count of each convolution):
@@ -50,7 +56,7 @@ import triton
 import triton.language as tl
 
 from trtmc.backends.depthwise_kernel import (
-    TILE, depthwise_conv2d_kernel, depthwise_kernels,
+    ROW_TILE, TILE, RowTile, depthwise_conv2d_kernel, depthwise_kernels, depthwise_rows_kernel,
 )
 from trtmc.backends.torch_lowering import depthwise_taps_nodes
 
@@ -58,6 +64,7 @@ from probe_common import random_fp16_graph
 
 ONE_ROUNDING = 2.0**-10
 AS_BUILT = f"flat {TILE.pixels} {TILE.channels} {TILE.warps}" + ("" if TILE.unroll_rows else " looped")
+ROWS_AS_BUILT = f"reuse {ROW_TILE.rows} {ROW_TILE.columns} {ROW_TILE.channels} {ROW_TILE.warps}"
 
 
 @triton.jit
@@ -128,119 +135,6 @@ def _depthwise_wt_kernel(
         acc += tl.load(b_ptr + c, mask=in_c, other=0.0).to(tl.float32)[None, :]
     tl.store(out_ptr + p[:, None] * channels + c[None, :], acc.to(out_ptr.dtype.element_ty),
              mask=in_p[:, None] & in_c[None, :])
-
-
-@triton.jit
-def _depthwise_toeplitz_kernel(
-    x_ptr, t_ptr, b_ptr, out_ptr, out_rows, height, width, channels, out_height, out_width,
-    top: tl.constexpr, left: tl.constexpr, kh: tl.constexpr, has_bias: tl.constexpr,
-    block_r: tl.constexpr, block_w: tl.constexpr, block_k: tl.constexpr, block_c: tl.constexpr,
-):
-    # Stride 1, no dilation, on the tensor cores. For one channel, kernel row i turns a strip of block_k input
-    # columns into block_w output columns by a banded (Toeplitz) matrix T_i[k, m] = w[i, k - m]; a program's
-    # block_r output rows (of any images: q = n * out_height + oh) are then sum_i X_i @ T_i, X_i[r, k] the input at
-    # row oh + i - top, column ow0 - left + k: one matrix product per channel, batched over block_c channels
-    # (`t`: [C, kh, block_k, block_w], made from the weights once). Products of halves summed in float32.
-    q = tl.program_id(0) * block_r + tl.arange(0, block_r)
-    ow0 = tl.program_id(1) * block_w
-    c = tl.program_id(2) * block_c + tl.arange(0, block_c)
-    k = tl.arange(0, block_k)
-    m = tl.arange(0, block_w)
-    n, oh = q // out_height, q % out_height
-    iw = ow0 - left + k
-    in_q, in_c = q < out_rows, c < channels
-    col_ok = (iw >= 0) & (iw < width)
-    acc = tl.zeros((block_c, block_r, block_w), dtype=tl.float32)
-    for i in range(kh):
-        ih = oh - top + i
-        row_ok = in_q & (ih >= 0) & (ih < height)
-        row = (n * height + ih) * width
-        at = ((row[None, :, None] + iw[None, None, :]) * channels) + c[:, None, None]
-        x = tl.load(x_ptr + at, mask=in_c[:, None, None] & row_ok[None, :, None] & col_ok[None, None, :], other=0.0)
-        band = tl.load(t_ptr + ((c[:, None, None] * kh + i) * block_k + k[None, :, None]) * block_w + m[None, None, :],
-                       mask=in_c[:, None, None], other=0.0)
-        acc = tl.dot(x, band, acc)
-    if has_bias:
-        acc += tl.load(b_ptr + c, mask=in_c, other=0.0).to(tl.float32)[:, None, None]
-    ow = ow0 + m
-    at = (q[None, :, None] * out_width + ow[None, None, :]) * channels + c[:, None, None]
-    mask = in_c[:, None, None] & in_q[None, :, None] & (ow < out_width)[None, None, :]
-    tl.store(out_ptr + at, acc.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _reuse_tap(acc, x, wt_ptr, c, in_c, channels, i: tl.constexpr, j: tl.constexpr, kh: tl.constexpr,
-               kw: tl.constexpr):
-    # Output row r's share of a loaded input strip: tap (i, j) = (t - r, j), where that row is one of the kernel's.
-    if i >= 0:
-        if i < kh:
-            acc += x * tl.load(wt_ptr + (i * kw + j) * channels + c, mask=in_c, other=0.0)[None, :]
-    return acc
-
-
-@triton.jit
-def _reuse_store(acc, b_ptr, out_ptr, n, oh, ow, c, in_c, channels, out_height, out_width, has_bias: tl.constexpr):
-    if has_bias:
-        acc += tl.load(b_ptr + c, mask=in_c, other=0.0).to(tl.float32)[None, :]
-    at = ((n * out_height + oh) * out_width + ow) * channels
-    mask = (oh < out_height) & (ow < out_width)
-    tl.store(out_ptr + at[:, None] + c[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask[:, None] & in_c[None, :])
-
-
-@triton.jit
-def _depthwise_reuse_kernel(
-    x_ptr, wt_ptr, b_ptr, out_ptr, height, width, channels, out_height, out_width,
-    top: tl.constexpr, left: tl.constexpr, kh: tl.constexpr, kw: tl.constexpr, has_bias: tl.constexpr,
-    rows: tl.constexpr, block_w: tl.constexpr, block_c: tl.constexpr,
-):
-    # Stride 1, no dilation. A program: `rows` (at most 4) output rows from oh0 of image n, block_w columns,
-    # block_c channels, one accumulator each. Each input strip (row oh0 - top + t, shifted by tap column j) is
-    # loaded and converted once and added into every output row that uses it, with that row's tap (t - r, j):
-    # (rows + kh - 1) * kw loads for rows * kh * kw multiply-adds, where the flat kernel loads one strip per
-    # multiply-add. Every loop unrolled, so each row's tap is known when compiling: no multiply by a zero tap.
-    row_blocks = tl.cdiv(out_height, rows)
-    n = tl.program_id(0) // row_blocks
-    oh0 = (tl.program_id(0) % row_blocks) * rows
-    ow = tl.program_id(1) * block_w + tl.arange(0, block_w)
-    c = tl.program_id(2) * block_c + tl.arange(0, block_c)
-    in_c = c < channels
-    acc0 = tl.zeros((block_w, block_c), dtype=tl.float32)
-    acc1 = tl.zeros((block_w, block_c), dtype=tl.float32)
-    acc2 = tl.zeros((block_w, block_c), dtype=tl.float32)
-    acc3 = tl.zeros((block_w, block_c), dtype=tl.float32)
-    for t in tl.static_range(rows + kh - 1):
-        ih = oh0 - top + t
-        row_ok = (ih >= 0) & (ih < height)
-        for j in tl.static_range(kw):
-            iw = ow - left + j
-            inside = row_ok & (iw >= 0) & (iw < width)
-            x = tl.load(x_ptr + (((n * height + ih) * width + iw) * channels)[:, None] + c[None, :],
-                        mask=inside[:, None] & in_c[None, :], other=0.0).to(tl.float32)
-            acc0 = _reuse_tap(acc0, x, wt_ptr, c, in_c, channels, t, j, kh, kw)
-            if rows > 1:
-                acc1 = _reuse_tap(acc1, x, wt_ptr, c, in_c, channels, t - 1, j, kh, kw)
-            if rows > 2:
-                acc2 = _reuse_tap(acc2, x, wt_ptr, c, in_c, channels, t - 2, j, kh, kw)
-            if rows > 3:
-                acc3 = _reuse_tap(acc3, x, wt_ptr, c, in_c, channels, t - 3, j, kh, kw)
-    _reuse_store(acc0, b_ptr, out_ptr, n, oh0, ow, c, in_c, channels, out_height, out_width, has_bias)
-    if rows > 1:
-        _reuse_store(acc1, b_ptr, out_ptr, n, oh0 + 1, ow, c, in_c, channels, out_height, out_width, has_bias)
-    if rows > 2:
-        _reuse_store(acc2, b_ptr, out_ptr, n, oh0 + 2, ow, c, in_c, channels, out_height, out_width, has_bias)
-    if rows > 3:
-        _reuse_store(acc3, b_ptr, out_ptr, n, oh0 + 3, ow, c, in_c, channels, out_height, out_width, has_bias)
-
-
-def toeplitz_bands(weight: torch.Tensor, block_w: int, block_k: int) -> torch.Tensor:
-    """[C, 1, kh, kw] -> [C, kh, block_k, block_w]: T[c, i, k, m] = w[c, i, k - m] where 0 <= k - m < kw, else 0."""
-    channels, _, kh, kw = weight.shape
-    k = torch.arange(block_k, device=weight.device)[:, None]
-    m = torch.arange(block_w, device=weight.device)[None, :]
-    j = k - m
-    inside = (j >= 0) & (j < kw)
-    taps = weight[:, 0][:, :, j.clamp(0, kw - 1)]  # [C, kh, block_k, block_w]
-    return torch.where(inside, taps, torch.zeros((), dtype=weight.dtype, device=weight.device)).contiguous()
 
 
 @dataclass(frozen=True)
@@ -328,16 +222,17 @@ def variants() -> dict[str, Callable]:
     for r, w_, c, n in ((2, 8, 32, 1), (2, 16, 64, 4), (4, 8, 64, 4), (4, 16, 32, 4), (4, 16, 64, 4),
                         (4, 32, 64, 8)):
         tiles[f"rows {r} {w_} {c} {n}"] = rows(r, w_, c, n)
-    # Run 29: fewer instructions per multiply-add (taps as float32 vectors; more pixels a thread) and the tensor
-    # cores (Toeplitz bands), for convnext_tiny's 7x7 convolutions at batch 128, where cuDNN and every tile above
-    # run at about a sixth of the bytes' and the multiply-adds' bounds.
+    # Run 29: fewer instructions per multiply-add (taps as float32 vectors; more pixels a thread), and the row
+    # kernel (`depthwise_rows_kernel`: each input strip loaded once for every output row that uses it) at other
+    # tiles and with its taps laid out channels-last ([kh * kw, C]: a tap's channels one vector), in half or in
+    # float32 (run 29's first `reuse 3 16 32 2`). Toeplitz bands on the tensor cores are in commit e737fe6 (2.5x
+    # cuDNN's time on convnext_tiny at batch 128).
     for p, c, w in ((32, 32, 2), (64, 32, 2), (64, 64, 4), (128, 32, 4), (64, 32, 4)):
         tiles[f"wt {p} {c} {w}"] = transposed(p, c, w)
-    for r, w_, c, n in ((16, 16, 16, 4), (32, 16, 16, 4)):
-        tiles[f"toeplitz {r} {w_} {c} {n}"] = toeplitz(r, w_, c, n)
-    for r, w_, c, n in ((4, 16, 32, 2), (4, 32, 32, 4), (4, 8, 64, 2), (2, 16, 32, 2), (4, 16, 64, 4), (4, 8, 32, 1),
-                        (3, 16, 32, 2), (4, 32, 64, 8)):
-        tiles[f"reuse {r} {w_} {c} {n}"] = reuse(r, w_, c, n)
+    for tile in (ROW_TILE, RowTile(2, 16, 32, 2), RowTile(4, 8, 32, 1), RowTile(4, 16, 32, 2), RowTile(4, 16, 64, 4)):
+        tiles.setdefault(reuse_name(tile), row_kernel(tile))
+    tiles[ROWS_AS_BUILT + ", taps-major"] = row_kernel(ROW_TILE, taps_major=True)
+    tiles[ROWS_AS_BUILT + ", taps-major float32"] = row_kernel(ROW_TILE, taps_major=True, dtype=torch.float32)
     return tiles
 
 
@@ -367,36 +262,26 @@ def transposed(block_p: int, block_c: int, warps: int):
     return launch
 
 
-def reuse(rows: int, block_w: int, block_c: int, warps: int):
-    wt = derived(lambda taps: taps.t().float().contiguous())
+def reuse_name(tile: RowTile) -> str:
+    return f"reuse {tile.rows} {tile.columns} {tile.channels} {tile.warps}"
+
+
+def row_kernel(tile: RowTile, taps_major: bool = False, dtype: torch.dtype | None = None):
+    """The row kernel at `tile`, its taps as the engine passes them ([C, kh * kw]) or channels-last
+    ([kh * kw, C], in `dtype`)."""
+    layout = derived(lambda taps: taps.t().to(dtype or taps.dtype).contiguous())
 
     def launch(x, taps, bias, out, conv: Conv):
         if conv.stride != (1, 1) or conv.dilation != (1, 1):
-            return False  # not this variant's convolution
-        grid = (conv.batch * triton.cdiv(conv.out_size[0], rows), triton.cdiv(conv.out_size[1], block_w),
-                triton.cdiv(conv.channels, block_c))
-        _depthwise_reuse_kernel[grid](
-            x, wt(taps), taps if bias is None else bias, out, conv.height, conv.width, conv.channels, *conv.out_size,
-            *conv.padding[:2], *conv.kernel, bias is not None, rows, block_w, block_c, num_warps=warps)
-    return launch
-
-
-def toeplitz(block_r: int, block_w: int, block_c: int, warps: int):
-    bands = derived(lambda taps, kh, kw, block_k: toeplitz_bands(
-        taps.view(taps.shape[0], 1, kh, kw), block_w, block_k))
-
-    def launch(x, taps, bias, out, conv: Conv):
-        if conv.stride != (1, 1) or conv.dilation != (1, 1):
-            return False  # not this variant's convolution
+            return False  # the flat kernel's convolution
         kh, kw = conv.kernel
-        block_k = triton.next_power_of_2(block_w + kw - 1)
-        out_rows = conv.batch * conv.out_size[0]
-        grid = (triton.cdiv(out_rows, block_r), triton.cdiv(conv.out_size[1], block_w),
-                triton.cdiv(conv.channels, block_c))
-        _depthwise_toeplitz_kernel[grid](
-            x, bands(taps, kh, kw, block_k), taps if bias is None else bias, out, out_rows, conv.height, conv.width,
-            conv.channels, *conv.out_size, *conv.padding[:2], kh, bias is not None, block_r, block_w, block_k, block_c,
-            num_warps=warps)
+        w, strides = (layout(taps), (1, kw * conv.channels, conv.channels)) if taps_major else (taps, (kh * kw, kw, 1))
+        grid = (conv.batch * triton.cdiv(conv.out_size[0], tile.rows), triton.cdiv(conv.out_size[1], tile.columns),
+                triton.cdiv(conv.channels, tile.channels))
+        depthwise_rows_kernel[grid](
+            x, w, taps if bias is None else bias, out, conv.height, conv.width, conv.channels, *conv.out_size,
+            *strides, *conv.padding[:2], kh, kw, bias is not None, tile.rows, tile.columns, tile.channels,
+            num_warps=tile.warps)
     return launch
 
 

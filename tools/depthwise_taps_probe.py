@@ -85,7 +85,8 @@ def probe(arch: str, batches: list[int], out: Path, compile_only: bool, variants
             fusions = depthwise_kernels(graph, exclude=taps) if name in ON_TRITON else None
             patches = patch_product_nodes(graph) if name in WITH_PATCH_PRODUCTS else frozenset()
             module = to_fx(graph, quantized_gemms=True, depthwise_taps=taps, patch_products=patches, fusions=fusions)
-            replays[name, batch], outputs[name, batch], first_calls[name, batch] = engine_replay(module, graph, batch)
+            replays[name, batch], outputs[name, batch], first_calls[name, batch] = engine_replay(
+                module, graph, batch, kernels=fusions)
             print(f"{arch} b{batch} {name}: compiled ({time.perf_counter() - started:.0f} s)", flush=True)
     if compile_only:
         return

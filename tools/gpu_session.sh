@@ -50,7 +50,7 @@
 #                1 and 128, for the four entries whose depthwise convolutions cuDNN still runs at batch 1
 #                (edgenext_small's and convnext_tiny's 7x7, efficientnet_b0's and ghostnet_100's feeding
 #                squeeze-excite means); compiled in parallel first, then timed one model at a time, an equal share
-#                of the time left each; results in dwtriton/ARCH.json
+#                of the time left each; results in dwtriton/ARCH.json (DWTRITON_BATCHES="--batch 128": one size)
 #   patches      tools/depthwise_taps_probe.py: the engine with its patch embeddings on cuDNN (padded to 8 channels,
 #                run 26: 708 + 115 us of vit_base's 11.09 ms at batch 128) against the same as one matrix product each
 #                (`patch_product_nodes`, every CUDA lowering since run 26), batch 1 and 128, for PATCHES_ARCHS
@@ -61,7 +61,7 @@
 #                cuDNN, on trtmc's Triton kernel as built and with other tiles, and on a row-tiled variant (run 22,
 #                three models: 136 s; the tile built since was the quickest at batch 1); compiled in parallel
 #                first, then timed one model at a time, an equal share of the time left each; results in
-#                dwtune/ARCH.json (~300 s for all six)
+#                dwtune/ARCH.json (~300 s for all six); DWTUNE_VARIANTS=REGEX times only the variants it matches
 #   pdl          tools/autotune_probe.py's `pdl` variant (Inductor's programmatic dependent launch, never yet run on
 #                the GPU) against the expert for ghostnet_100 and efficientnet_b0 at batch 1 (where they are
 #                launch-bound; ~70 s a model from cold caches), an equal share of the time left each; `pdl128` the same
@@ -268,7 +268,7 @@ taps() { per_arch_probe depthwise_taps_probe.py taps 8 "${TAPS_ARCHS:-ghostnet_1
 
 dwtriton() {
     per_arch_probe depthwise_taps_probe.py dwtriton 4 "${DWTRITON_ARCHS:-edgenext_small convnext_tiny efficientnet_b0 ghostnet_100}" \
-        --batch 1 --batch 128 --variant "the engine" --variant "the engine, the rest triton"
+        ${DWTRITON_BATCHES:---batch 1 --batch 128} --variant "the engine" --variant "the engine, the rest triton"
 }
 
 patches() {  # patch embeddings as cuDNN's padded convolution against one matrix product (run 26's lever)
@@ -279,7 +279,8 @@ patches() {  # patch embeddings as cuDNN's padded convolution against one matrix
 
 dwtune() {  # the tune probe writes ARCH.json after each batch size: a time limit keeps what was timed
     per_arch_probe depthwise_kernel_tune.py dwtune 1 \
-        "${DWTUNE_ARCHS:-convnext_tiny edgenext_small efficientnet_b0 ghostnet_100 tf_efficientnetv2_s fastvit_t8}"
+        "${DWTUNE_ARCHS:-convnext_tiny edgenext_small efficientnet_b0 ghostnet_100 tf_efficientnetv2_s fastvit_t8}" \
+        ${DWTUNE_VARIANTS:+--variants "$DWTUNE_VARIANTS"}
 }
 
 build_mobilevit() {  # a mobilevit_s bundle (random weights) as `trtmc build` makes one, for miss_profile

@@ -34,11 +34,16 @@ def cuda_inductor_runtime(bundle: Path) -> Runtime:
     return runtime
 
 
-def engine_replay(module: torch.nn.Module, graph, batch: int):
+def engine_replay(module: torch.nn.Module, graph, batch: int, kernels=None):
     """(replay, output, seconds to the first three calls): `module` (from `to_fx(graph, ...)`) as
-    `inductor_lowerings.compile_cuda` prepares it (channels-last convolution weights, pixels in the graph's
-    precision), compiled, warmed up and captured in a CUDA graph at `batch`."""
+    `inductor_lowerings.compile_cuda` prepares it (channels-last convolution weights, those of `kernels`' (trtmc's
+    depthwise kernel) laid out for it, pixels in the graph's precision), compiled, warmed up and captured in a CUDA
+    graph at `batch`."""
     module = channels_last_weights(module.eval().cuda(), graph)
+    if kernels:
+        from trtmc.backends.depthwise_kernel import taps_major_weights
+
+        module = taps_major_weights(module, kernels)
     compiled = torch.compile(module, dynamic=False)
     pixels = torch.rand((batch, *graph.inputs[0].type.shape[1:]), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
     x = pixels.to(feed_dtype(graph), memory_format=torch.channels_last)

@@ -46,17 +46,21 @@ MIN_GAIN = 0.01
 LAUNCH_DEPENDENTS_EARLY = False
 PDL = "triton.enable_pdl"
 
-# trtmc's Triton depthwise kernel (`depthwise_kernel`) as a candidate where cuDNN runs at least
-# `MIN_ON_KERNEL` depthwise convolutions at batch sizes up to `DEPTHWISE_KERNEL_MAX_BATCH`: at batch 1 cuDNN takes
-# ~8 us for each (edgenext_small, run 19), a few times what the map's bytes need; fewer than 4 of them cannot
-# pay for the candidate's compile (~30 s of a build). Measured (`gpu_session.sh dwtriton`, run 21, H100): batch 1
-# edgenext_small 0.516 -> 0.465 ms, convnext_tiny 0.555 -> 0.489, efficientnet_b0 0.422 -> 0.412, ghostnet_100
-# (2 on the kernel) 0.341 -> 0.358; every model slower at batch 128. With the tile of run 22 (32 x 32, a row loop),
-# run 28 at batch 128: edgenext_small 5.497 -> 5.420 ms (-1.4%), fastvit_t8 8.899 -> 9.243 (+3.9%), not worth a
-# second compile. A build times it against the plain lowering and keeps the faster.
+# trtmc's Triton depthwise kernels (`depthwise_kernel`) as a candidate where cuDNN runs at least `MIN_ON_KERNEL`
+# depthwise convolutions, at batch sizes above 1 only where at least `MIN_ON_KERNEL` of them are `WIDE_KERNEL` x
+# `WIDE_KERNEL` or wider: at batch 1 cuDNN takes ~8 us for each (edgenext_small, run 19), a few times what the map's
+# bytes need; fewer than 4 of them cannot pay for the candidate's compile (~30 s of a build). Measured
+# (`gpu_session.sh dwtriton`, H100): run 21, batch 1, the flat kernel: edgenext_small 0.516 -> 0.465 ms,
+# convnext_tiny 0.555 -> 0.489, efficientnet_b0 0.422 -> 0.412, ghostnet_100 (2 on the kernel) 0.341 -> 0.358, every
+# model slower at batch 128 (run 28 with the tile of run 22: edgenext_small -1.4%, fastvit_t8 +3.9%). Run 29, the
+# row kernel for stride 1 with its taps laid out for it (`taps_major_weights`), batch 1: convnext_tiny 0.552 ->
+# 0.449, edgenext_small 0.513 -> 0.433, fastvit_t8 0.585 -> 0.515; batch 128: convnext_tiny 7.874 -> 7.724,
+# edgenext_small 5.531 -> 5.124, fastvit_t8 8.821 -> 8.652, each with 7x7 depthwise convolutions (networks of 3x3
+# and 5x5 ones are not measured at batch 128 in their engines, and one at a time overpredicted convnext_tiny's gain
+# fourfold). A build times the candidate against the plain lowering and keeps the faster.
 DEPTHWISE_KERNEL_AT_BUILD = True
-DEPTHWISE_KERNEL_MAX_BATCH = 1
 MIN_ON_KERNEL = 4
+WIDE_KERNEL = 7
 
 # Inductor's Triton GEMM templates beside cuBLAS (`max_autotune_gemm`: each matrix product's choices benchmarked
 # at compile, the winner's bias and activation fused into its epilogue) as a candidate where the graph has at
@@ -136,12 +140,13 @@ class Lowering:
         if self.fused:
             fusions = fused_convolutions(graph, exclude=self.rewritten)
         elif self.depthwise_kernel:
-            from .depthwise_kernel import depthwise_kernels  # imports Triton: only where this lowering runs
+            from .depthwise_kernel import depthwise_kernels, taps_major_weights  # imports Triton: only here
 
             fusions = depthwise_kernels(graph, exclude=self.taps)
         fx = to_fx(graph, quantized_gemms=True, depthwise_taps=self.taps, vector_products=self.products,
                    patch_products=self.patches, fusions=fusions)
-        return channels_last_weights(fx.eval().to(device), graph)
+        module = channels_last_weights(fx.eval().to(device), graph)
+        return taps_major_weights(module, fusions) if self.depthwise_kernel else module
 
     def inductor_options(self) -> dict[str, Any]:
         """The Inductor options this lowering adds to the build's own (`inductor_options`)."""
@@ -158,8 +163,8 @@ def lowering_candidates(graph: Graph, batch: int, depthwise_kernel: bool | None 
     on 2 of 7 networks, by at most 4% (ghostnet_100 0.320 -> 0.313 ms, mobilenetv4_conv_small 0.145 -> 0.139),
     and slower on the other 5, for a second compile of the graph (ghostnet_100: 43 s of a 139 s build).
     `depthwise_kernel` (default `DEPTHWISE_KERNEL_AT_BUILD`; a loaded engine passes True, so that a bundle whose
-    build chose it runs it) also offers the depthwise-kernel lowering up to `DEPTHWISE_KERNEL_MAX_BATCH` where
-    cuDNN would run at least `MIN_ON_KERNEL` depthwise convolutions. `gemm_templates` (default
+    build chose it runs it) also offers the depthwise-kernel lowering where cuDNN would run at least
+    `MIN_ON_KERNEL` depthwise convolutions (above batch 1, at least `MIN_ON_KERNEL` of `WIDE_KERNEL` or wider). `gemm_templates` (default
     `GEMM_TEMPLATES_AT_BUILD`) likewise offers the GEMM-templates lowering up to `GEMM_TEMPLATES_MAX_BATCH` where
     the graph has at least `MIN_GEMMS` matrix products of at most `MAX_GEMM_SHAPES` shapes (`gemm_templates_pay`);
     True (a loaded engine) offers it wherever the graph has a matrix product, so that a bundle whose build drew
@@ -173,7 +178,9 @@ def lowering_candidates(graph: Graph, batch: int, depthwise_kernel: bool | None 
     mostly_taps = bool(depthwise) and 2 * len(plain.taps) >= len(depthwise)
     if not mostly_taps and fused_convolutions(graph, exclude=plain.rewritten):
         candidates[FUSED] = replace(plain, fused=True)
-    kernel_pays = batch <= DEPTHWISE_KERNEL_MAX_BATCH and len(set(depthwise) - plain.taps) >= MIN_ON_KERNEL
+    on_cudnn = [graph.node(name) for name in depthwise if name not in plain.taps]
+    wide = [n for n in on_cudnn if min(graph.weights[n.attrs.weight].shape[2:]) >= WIDE_KERNEL]
+    kernel_pays = len(on_cudnn) >= MIN_ON_KERNEL and (batch == 1 or len(wide) >= MIN_ON_KERNEL)
     offered = DEPTHWISE_KERNEL_AT_BUILD if depthwise_kernel is None else depthwise_kernel
     if offered and kernel_pays:
         candidates[KERNEL] = replace(plain, depthwise_kernel=True)

@@ -327,7 +327,7 @@ def _padded_last_dim(tensor: torch.Tensor, multiple: int) -> torch.Tensor:
     return F.pad(tensor, (0, -tensor.shape[-1] % multiple))
 
 
-def _buffer_name(key: str) -> str:
+def buffer_name(key: str) -> str:
     return "w_" + "".join(c if c.isalnum() else "_" for c in key)
 
 
@@ -556,7 +556,7 @@ class GraphModule(torch.nn.Module):
         registered: set[str] = set()
         for node in graph.nodes:
             for key in node.weight_keys():
-                name = _buffer_name(key)
+                name = buffer_name(key)
                 if name not in registered:
                     registered.add(name)
                     # A copy in canonical strides: numpy calls a view C-contiguous whatever the stride of its
@@ -636,7 +636,7 @@ def channels_last_weights(module: torch.nn.Module, graph: Graph) -> torch.nn.Mod
     out channels-last)."""
     convolution_side = {k for n in graph.nodes if n.kind in _CONVOLUTION_SIDE for k in n.weight_keys()}
     for key in sorted(convolution_side):
-        name = _buffer_name(key)
+        name = buffer_name(key)
         tensor = getattr(module, name, None)  # tracing keeps only the buffers the forward reads
         if tensor is not None and tensor.dim() == 4:
             setattr(module, name, tensor.to(memory_format=torch.channels_last))
