@@ -20,7 +20,7 @@ the same looping over the kernel's rows; other tiles and warp counts, looping (`
 a row-tiled variant defined here (`rows R W C N`: each program computes R output rows x W columns x C channels
 and loads each input row's strip once per horizontal tap, for all R output rows that use it: (R * stride + kh - 1)
 * kw loads instead of R * kh * kw; a loop over the input rows, each row's taps unrolled, every row multiplying
-each strip by its tap or a zero); the flat kernel with its taps as float32 vectors (`wt P C W`); and the product's
+each strip by its tap or a zero); and the product's
 row kernel (`depthwise_rows_kernel`, stride 1 only: one accumulator per row, every loop unrolled, no zero taps) at
 its tile (`ROW_TILE`, `reuse 3 16 32 2`) and others (`reuse R W C N`), its taps as the engine's channels-last
 weights or laid out tap by tap (`, taps-major`; `, taps-major float32`, as `taps_major_weights` lays them out).
@@ -104,37 +104,6 @@ def _depthwise_rows_kernel(
     at = (((n * out_height + oh) * out_width)[:, None, None] + ow[None, :, None]) * channels + c[None, None, :]
     mask = in_r[:, None, None] & in_w[None, :, None] & in_c[None, None, :]
     tl.store(out_ptr + at, acc.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _depthwise_wt_kernel(
-    x_ptr, wt_ptr, b_ptr, out_ptr, pixels, height, width, channels, out_height, out_width,
-    stride_h: tl.constexpr, stride_w: tl.constexpr, top: tl.constexpr, left: tl.constexpr,
-    dilation_h: tl.constexpr, dilation_w: tl.constexpr, kh: tl.constexpr, kw: tl.constexpr,
-    has_bias: tl.constexpr, block_p: tl.constexpr, block_c: tl.constexpr,
-):
-    # The flat kernel with its taps transposed to float32 [kh * kw, C] (`wt`): a tap's channels are one contiguous
-    # vector, loaded without a conversion, where the built kernel's [C, kh * kw] taps are one scalar load and one
-    # conversion per channel and tap.
-    p = tl.program_id(0) * block_p + tl.arange(0, block_p)
-    c = tl.program_id(1) * block_c + tl.arange(0, block_c)
-    n, rest = p // (out_height * out_width), p % (out_height * out_width)
-    oh, ow = rest // out_width, rest % out_width
-    in_p, in_c = p < pixels, c < channels
-    acc = tl.zeros((block_p, block_c), dtype=tl.float32)
-    for i in range(kh):
-        ih = oh * stride_h - top + i * dilation_h
-        for j in tl.static_range(kw):
-            iw = ow * stride_w - left + j * dilation_w
-            inside = in_p & (ih >= 0) & (ih < height) & (iw >= 0) & (iw < width)
-            row = ((n * height + ih) * width + iw) * channels
-            x = tl.load(x_ptr + row[:, None] + c[None, :], mask=inside[:, None] & in_c[None, :], other=0.0)
-            tap = tl.load(wt_ptr + (i * kw + j) * channels + c, mask=in_c, other=0.0)
-            acc += x.to(tl.float32) * tap[None, :]
-    if has_bias:
-        acc += tl.load(b_ptr + c, mask=in_c, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + p[:, None] * channels + c[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=in_p[:, None] & in_c[None, :])
 
 
 @dataclass(frozen=True)
@@ -222,13 +191,11 @@ def variants() -> dict[str, Callable]:
     for r, w_, c, n in ((2, 8, 32, 1), (2, 16, 64, 4), (4, 8, 64, 4), (4, 16, 32, 4), (4, 16, 64, 4),
                         (4, 32, 64, 8)):
         tiles[f"rows {r} {w_} {c} {n}"] = rows(r, w_, c, n)
-    # Run 29: fewer instructions per multiply-add (taps as float32 vectors; more pixels a thread), and the row
-    # kernel (`depthwise_rows_kernel`: each input strip loaded once for every output row that uses it) at other
-    # tiles and with its taps laid out channels-last ([kh * kw, C]: a tap's channels one vector), in half or in
-    # float32 (run 29's first `reuse 3 16 32 2`). Toeplitz bands on the tensor cores are in commit e737fe6 (2.5x
-    # cuDNN's time on convnext_tiny at batch 128).
-    for p, c, w in ((32, 32, 2), (64, 32, 2), (64, 64, 4), (128, 32, 4), (64, 32, 4)):
-        tiles[f"wt {p} {c} {w}"] = transposed(p, c, w)
+    # Run 29: the row kernel (`depthwise_rows_kernel`: each input strip loaded once for every output row that uses
+    # it) at other tiles and with its taps laid out channels-last ([kh * kw, C]: a tap's channels one vector), in
+    # half or in float32 (run 29's first `reuse 3 16 32 2`). The flat kernel with float32 tap vectors (`wt`, no
+    # quicker) and Toeplitz bands on the tensor cores (2.5x cuDNN's time on convnext_tiny at batch 128) are in
+    # commit e737fe6.
     for tile in (ROW_TILE, RowTile(2, 16, 32, 2), RowTile(4, 8, 32, 1), RowTile(4, 16, 32, 2), RowTile(4, 16, 64, 4)):
         tiles.setdefault(reuse_name(tile), row_kernel(tile))
     tiles[ROWS_AS_BUILT + ", taps-major"] = row_kernel(ROW_TILE, taps_major=True)
@@ -247,19 +214,6 @@ def derived(make: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
             made[key] = (taps, make(taps, *extra))
         return made[key][1]
     return get
-
-
-def transposed(block_p: int, block_c: int, warps: int):
-    wt = derived(lambda taps: taps.t().float().contiguous())
-
-    def launch(x, taps, bias, out, conv: Conv):
-        pixels = conv.batch * conv.out_size[0] * conv.out_size[1]
-        grid = (triton.cdiv(pixels, block_p), triton.cdiv(conv.channels, block_c))
-        _depthwise_wt_kernel[grid](
-            x, wt(taps), taps if bias is None else bias, out, pixels, conv.height, conv.width, conv.channels,
-            *conv.out_size, *conv.stride, *conv.padding[:2], *conv.dilation, *conv.kernel, bias is not None,
-            block_p, block_c, num_warps=warps)
-    return launch
 
 
 def reuse_name(tile: RowTile) -> str:
