@@ -97,6 +97,11 @@ def test_stride_one_convolutions_without_dilation_run_on_the_row_kernel():
     assert sum(on_rows(stride, dilation) for _, stride, _, dilation, _, _ in CASES) == 5  # the interpreter's cases
 
 
+def test_a_row_tile_of_more_rows_than_the_kernel_has_accumulators_is_refused():
+    with pytest.raises(ValueError, match="1 to 4 output rows"):
+        replace(ROW_TILE, rows=5)
+
+
 def test_the_row_kernel_loads_each_input_strip_once_for_all_the_output_rows_it_feeds():
     # Every loop unrolled: (rows + kh - 1) * kw strips, each tap once (Triton merges a tap's loads for the rows
     # that share it) and the bias, where the flat kernel loads a strip for every row and tap.

@@ -67,6 +67,10 @@ class RowTile:
     channels: int
     warps: int
 
+    def __post_init__(self) -> None:
+        if not 1 <= self.rows <= 4:
+            raise ValueError(f"the row kernel keeps 1 to 4 output rows' accumulators, not {self.rows}")
+
 
 # Run 29 (tools/depthwise_kernel_tune.py, H100, every depthwise convolution of convnext_tiny, edgenext_small and
 # ghostnet_100 one at a time): the quickest row tile summed over convnext_tiny and edgenext_small at batch 128

@@ -164,8 +164,9 @@ def lowering_candidates(graph: Graph, batch: int, depthwise_kernel: bool | None 
     and slower on the other 5, for a second compile of the graph (ghostnet_100: 43 s of a 139 s build).
     `depthwise_kernel` (default `DEPTHWISE_KERNEL_AT_BUILD`; a loaded engine passes True, so that a bundle whose
     build chose it runs it) also offers the depthwise-kernel lowering where cuDNN would run at least
-    `MIN_ON_KERNEL` depthwise convolutions (above batch 1, at least `MIN_ON_KERNEL` of `WIDE_KERNEL` or wider). `gemm_templates` (default
-    `GEMM_TEMPLATES_AT_BUILD`) likewise offers the GEMM-templates lowering up to `GEMM_TEMPLATES_MAX_BATCH` where
+    `MIN_ON_KERNEL` depthwise convolutions (above batch 1, at least `MIN_ON_KERNEL` of `WIDE_KERNEL` or wider).
+    `gemm_templates` (default `GEMM_TEMPLATES_AT_BUILD`) likewise offers the GEMM-templates lowering up to
+    `GEMM_TEMPLATES_MAX_BATCH` where
     the graph has at least `MIN_GEMMS` matrix products of at most `MAX_GEMM_SHAPES` shapes (`gemm_templates_pay`);
     True (a loaded engine) offers it wherever the graph has a matrix product, so that a bundle whose build drew
     those lines elsewhere loads the lowering it chose. It rides on the depthwise kernel wherever the kernel's own

@@ -328,6 +328,7 @@ def _padded_last_dim(tensor: torch.Tensor, multiple: int) -> torch.Tensor:
 
 
 def buffer_name(key: str) -> str:
+    """The name of the module buffer (or parameter) that holds the graph weight `key`."""
     return "w_" + "".join(c if c.isalnum() else "_" for c in key)
 
 
