@@ -56,7 +56,7 @@ import triton
 import triton.language as tl
 
 from trtmc.backends.depthwise_kernel import (
-    ROW_TILE, TILE, RowTile, depthwise_conv2d_kernel, depthwise_kernels, depthwise_rows_kernel,
+    ROW_TILE, TILE, RowTile, depthwise_conv2d_kernel, depthwise_kernels, depthwise_rows_kernel, on_rows,
 )
 from trtmc.backends.torch_lowering import depthwise_taps_nodes
 
@@ -64,7 +64,6 @@ from probe_common import random_fp16_graph
 
 ONE_ROUNDING = 2.0**-10
 AS_BUILT = f"flat {TILE.pixels} {TILE.channels} {TILE.warps}" + ("" if TILE.unroll_rows else " looped")
-ROWS_AS_BUILT = f"reuse {ROW_TILE.rows} {ROW_TILE.columns} {ROW_TILE.channels} {ROW_TILE.warps}"
 
 
 @triton.jit
@@ -198,8 +197,8 @@ def variants() -> dict[str, Callable]:
     # commit e737fe6.
     for tile in (ROW_TILE, RowTile(2, 16, 32, 2), RowTile(4, 8, 32, 1), RowTile(4, 16, 32, 2), RowTile(4, 16, 64, 4)):
         tiles.setdefault(reuse_name(tile), row_kernel(tile))
-    tiles[ROWS_AS_BUILT + ", taps-major"] = row_kernel(ROW_TILE, taps_major=True)
-    tiles[ROWS_AS_BUILT + ", taps-major float32"] = row_kernel(ROW_TILE, taps_major=True, dtype=torch.float32)
+    tiles[reuse_name(ROW_TILE) + ", taps-major"] = row_kernel(ROW_TILE, taps_major=True)
+    tiles[reuse_name(ROW_TILE) + ", taps-major float32"] = row_kernel(ROW_TILE, taps_major=True, dtype=torch.float32)
     return tiles
 
 
@@ -226,7 +225,7 @@ def row_kernel(tile: RowTile, taps_major: bool = False, dtype: torch.dtype | Non
     layout = derived(lambda taps: taps.t().to(dtype or taps.dtype).contiguous())
 
     def launch(x, taps, bias, out, conv: Conv):
-        if conv.stride != (1, 1) or conv.dilation != (1, 1):
+        if not on_rows(conv.stride, conv.dilation):
             return False  # the flat kernel's convolution
         kh, kw = conv.kernel
         w, strides = (layout(taps), (1, kw * conv.channels, conv.channels)) if taps_major else (taps, (kh * kw, kw, 1))

@@ -306,8 +306,8 @@ def taps_major_weights(module: torch.nn.Module, kernels: Mapping[str, DepthwiseK
     bfloat16 weight exactly, so the sums are the same; the kernel reads any layout by its strides."""
     for kernel in kernels.values():
         a = kernel.convolution.attrs
-        tensor = getattr(module, buffer_name(a.weight), None)  # tracing keeps only the buffers the forward reads
+        name = buffer_name(a.weight)
+        tensor = getattr(module, name, None)  # tracing keeps only the buffers the forward reads
         if tensor is not None and on_rows(a.stride, a.dilation):
-            laid = tensor.float().permute(2, 3, 1, 0).contiguous().permute(3, 2, 0, 1)
-            setattr(module, buffer_name(a.weight), laid)
+            setattr(module, name, tensor.float().permute(2, 3, 1, 0).contiguous().permute(3, 2, 0, 1))
     return module
