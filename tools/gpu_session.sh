@@ -86,6 +86,10 @@
 #                (tools/miss_profile.py on a bundle built here); results in behind/ (the taps probe's) and
 #                behind/profile/ (miss_profile's: run 18 wrote both to behind/mobilevit_s.json, the probe's was lost);
 #                `behind-profile` builds the bundle and runs miss_profile only (~150 s)
+#   misses       tools/miss_profile.py (trtmc's engine against the expert, timed interleaved and kernel by kernel, batch
+#                1 and 128) for each of MISS_ARCHS (default efficientvit_b1, run 30's one row slower than the expert
+#                beyond the margin, at batch 128): the bench's prepared bundle where a bench ran on this machine
+#                (/tmp/bw), else one built here at max batch 128; results in misses/ARCH.json
 # Every step has its own time limit. $OUT gets session.log and results.tar.gz (measurements.jsonl: wall time and
 # peak RSS per command; folder/: the bench's results and ray.json; aoti/; probe/; clocks-STEP.csv: the GPU's SM and
 # memory clocks, power and temperature every 200 ms while the step ran, as nvidia-smi reads them).
@@ -283,34 +287,51 @@ dwtune() {  # the tune probe writes ARCH.json after each batch size: a time limi
         ${DWTUNE_VARIANTS:+--variants "$DWTUNE_VARIANTS"}
 }
 
-build_mobilevit() {  # a mobilevit_s bundle (random weights) as `trtmc build` makes one, for miss_profile
-    random_checkpoints mobilevit_s
-    build_one mobilevit_s "$WORK/mobilevit_s" 128
+build_for_profile() {  # ARCH: a bundle (random weights, max batch 128) as `trtmc build` makes one, for miss_profile;
+    # the bench's own prepared bundle where a bench ran on this machine (/tmp/bw), as `enginegap` takes it
+    local prepared=/tmp/bw/bundles/$1-fp16-inductor.bundle
+    if [ -f "$prepared" ]; then
+        ln -sf "$prepared" "$WORK/$1.bundle" && echo "profile $1: the bench's prepared bundle" >>"$LOG"
+        return
+    fi
+    random_checkpoints "$1"
+    build_one "$1" "$WORK/$1" 128
+    tail -n 2 "$WORK/build-$1.log" >>"$LOG"
 }
 
-profile_mobilevit() {
-    timeout "$(left)" python3 tools/miss_profile.py "$RESULTS/behind/profile" mobilevit_s=mobilevit_s="$WORK/mobilevit_s.bundle" >>"$LOG" 2>&1
-    echo "miss_profile mobilevit_s: $?" >>"$LOG"
+profile_misses() {  # FOLDER ARCH...: tools/miss_profile.py on each one's bundle against the expert, batch 1 and 128
+    local folder=$1 arch
+    shift
+    for arch in "$@"; do
+        timeout "$(left)" python3 tools/miss_profile.py "$RESULTS/$folder" "$arch=$arch=$WORK/$arch.bundle" >>"$LOG" 2>&1
+        echo "miss_profile $arch: $?" >>"$LOG"
+    done
 }
 
 behind() {
     local edgenext=(--variant "the engine" --variant "the engine, taps into norms" --variant "taps into norms up to 9x9"
                     --variant "cudnn depthwise") mobilevit=(--variant "the engine" --variant "cudnn depthwise")
-    build_mobilevit &
+    build_for_profile mobilevit_s &
     TORCHINDUCTOR_COMPILE_THREADS=6 timeout 300 python3 tools/depthwise_taps_probe.py "$RESULTS/behind" edgenext_small \
         --batch 1 "${edgenext[@]}" --compile-only >"$WORK/behind-edgenext.log" 2>&1 &
     TORCHINDUCTOR_COMPILE_THREADS=4 timeout 300 python3 tools/depthwise_taps_probe.py "$RESULTS/behind" mobilevit_s \
         --batch 1 "${mobilevit[@]}" --compile-only >"$WORK/behind-mobilevit.log" 2>&1 &
     wait
-    tail -n 4 "$WORK"/behind-*.log "$WORK/build-mobilevit_s.log" >>"$LOG"
+    tail -n 4 "$WORK"/behind-*.log >>"$LOG"
     timeout "$(left)" python3 tools/depthwise_taps_probe.py "$RESULTS/behind" edgenext_small --batch 1 "${edgenext[@]}" >>"$LOG" 2>&1
     echo "taps edgenext_small: $?" >>"$LOG"
     timeout "$(left)" python3 tools/depthwise_taps_probe.py "$RESULTS/behind" mobilevit_s --batch 1 "${mobilevit[@]}" >>"$LOG" 2>&1
     echo "taps mobilevit_s: $?" >>"$LOG"
-    profile_mobilevit
+    profile_misses behind/profile mobilevit_s
 }
 
-behind_profile() { build_mobilevit; tail -n 2 "$WORK/build-mobilevit_s.log" >>"$LOG"; profile_mobilevit; }
+behind_profile() { build_for_profile mobilevit_s; profile_misses behind/profile mobilevit_s; }
+
+misses() {  # run 30: efficientvit_b1 at batch 128 the one row slower than the expert beyond the margin (0.95x)
+    local arch
+    for arch in ${MISS_ARCHS:-efficientvit_b1}; do build_for_profile "$arch"; done
+    profile_misses misses ${MISS_ARCHS:-efficientvit_b1}
+}
 
 inductor_options() {  # FOLDER "BATCH..." ARCH:VARIANT...: tools/autotune_probe.py per model, each an equal share of
     local folder=$1 batches=$2 pair arch variants n  # the time left
