@@ -23,7 +23,10 @@ and loads each input row's strip once per horizontal tap, for all R output rows 
 each strip by its tap or a zero); and the product's
 row kernel (`depthwise_rows_kernel`, stride 1 only: one accumulator per row, every loop unrolled, no zero taps) at
 its tile (`ROW_TILE`, `reuse 3 16 32 2`) and others (`reuse R W C N`), its taps as the engine's channels-last
-weights or laid out tap by tap (`, taps-major`; `, taps-major float32`, as `taps_major_weights` lays them out).
+weights or laid out tap by tap (`, taps-major`; `, taps-major float32`, as `taps_major_weights` lays them out);
+and a window kernel defined here (`window R S C N`, stride 1 only: each program R x S output pixels x C channels in
+N warps, every pixel's channels an accumulator of their own and every tap held for the program, each input pixel of
+the window loaded once: (R + kh - 1) * (S + kw - 1) loads for R * S * kh * kw multiply-adds).
 `--cudnn-benchmark` times cuDNN's quickest algorithm for each shape instead of its heuristic's pick (run it in a
 process of its own); `--variants REGEX` times only the variants it matches.
 Each is checked against `F.conv2d` in float32 (within one half-precision rounding of the output's largest value;
@@ -103,6 +106,69 @@ def _depthwise_rows_kernel(
     at = (((n * out_height + oh) * out_width)[:, None, None] + ow[None, :, None]) * channels + c[None, None, :]
     mask = in_r[:, None, None] & in_w[None, :, None] & in_c[None, None, :]
     tl.store(out_ptr + at, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _window_store(acc, bias, out_ptr, n, oh, ow, c, in_c, channels, out_height, out_width):
+    inside = (oh < out_height) & (ow < out_width)
+    at = ((n * out_height + oh) * out_width + ow) * channels
+    tl.store(out_ptr + at + c, (acc + bias).to(out_ptr.dtype.element_ty), mask=in_c & inside)
+
+
+@triton.jit
+def _depthwise_window_kernel(
+    x_ptr, w_ptr, b_ptr, out_ptr, height, width, channels, out_height, out_width, stride_wc, stride_wh, stride_ww,
+    top: tl.constexpr, left: tl.constexpr, kh: tl.constexpr, kw: tl.constexpr, has_bias: tl.constexpr,
+    rows: tl.constexpr, cols: tl.constexpr, block_c: tl.constexpr,
+):
+    # Stride 1, no dilation; x and out channels-last, the weight [C, 1, kh, kw] at any strides. A program: a window
+    # of `rows` x `cols` output pixels of image n from (oh0, ow0), block_c channels; each pixel's channels one
+    # accumulator vector (a tuple of rows * cols), each tap's channels one vector held for the whole program. Input
+    # pixel (t, u) of the window's (rows + kh - 1) x (cols + kw - 1) is loaded once and added into every output
+    # pixel (r, s) that uses it, through tap (t - r, u - s): every loop unrolled, so the shifts cost nothing at run
+    # time (Triton cannot shift a loaded tile; the row kernel loads each strip once per tap column instead).
+    row_blocks = tl.cdiv(out_height, rows)
+    n = tl.program_id(0) // row_blocks
+    oh0 = (tl.program_id(0) % row_blocks) * rows
+    ow0 = tl.program_id(1) * cols
+    c = tl.program_id(2) * block_c + tl.arange(0, block_c)
+    in_c = c < channels
+    taps = ()
+    for i in tl.static_range(kh):
+        for j in tl.static_range(kw):
+            tap = tl.load(w_ptr + c * stride_wc + i * stride_wh + j * stride_ww, mask=in_c, other=0.0)
+            taps = taps + (tap.to(tl.float32),)
+    accs = ()
+    for _ in tl.static_range(rows * cols):
+        accs = accs + (tl.zeros((block_c,), dtype=tl.float32),)
+    row_step = width * channels
+    x_image = x_ptr + n * height * row_step + c
+    for t in tl.static_range(rows + kh - 1):
+        ih = oh0 - top + t
+        row_inside = (ih >= 0) & (ih < height)
+        x_row = x_image + ih * row_step
+        for u in tl.static_range(cols + kw - 1):
+            iw = ow0 - left + u
+            inside = row_inside & (iw >= 0) & (iw < width)
+            x = tl.load(x_row + iw * channels, mask=in_c & inside, other=0.0).to(tl.float32)
+            added = ()
+            for r in tl.static_range(rows):
+                for s in tl.static_range(cols):
+                    acc = accs[r * cols + s]
+                    if t - r >= 0:
+                        if t - r < kh:
+                            if u - s >= 0:
+                                if u - s < kw:
+                                    acc = acc + x * taps[(t - r) * kw + (u - s)]
+                    added = added + (acc,)
+            accs = added
+    bias = tl.zeros((block_c,), dtype=tl.float32)
+    if has_bias:
+        bias = tl.load(b_ptr + c, mask=in_c, other=0.0).to(tl.float32)
+    for r in tl.static_range(rows):
+        for s in tl.static_range(cols):
+            _window_store(accs[r * cols + s], bias, out_ptr, n, oh0 + r, ow0 + s, c, in_c, channels, out_height,
+                          out_width)
 
 
 @dataclass(frozen=True)
@@ -199,6 +265,13 @@ def variants() -> dict[str, Callable]:
         tiles.setdefault(reuse_name(tile), row_kernel(tile))
     tiles[reuse_name(ROW_TILE) + ", taps-major"] = row_kernel(ROW_TILE, taps_major=True)
     tiles[reuse_name(ROW_TILE) + ", taps-major float32"] = row_kernel(ROW_TILE, taps_major=True, dtype=torch.float32)
+    # Run 30 (CPU, Triton 3.8's SASS for sm_90a, 7x7): the row kernel's tile issues 4.3 instructions per multiply-add
+    # and spills; the window kernel at 4 x 4 pixels x 64 channels in 1 warp 1.8 (168 registers, no spills), at 4 x 7
+    # 1.6 (255 registers), each channel pair's pixel one 32-bit load. Triton's compile grows with the window (its
+    # coalescing pass over every load, on a 2-core CPU: 7x7 at 4 x 4 ~7 s, 4 x 7 ~17 s, 8 x 8 ~63 s; 9x9 at 4 x 4
+    # ~24 s). 4 x 7 tiles convnext_tiny's maps (56, 28, 14, 7 wide) without idle columns.
+    for r, c_, ch, n in ((4, 4, 64, 1), (4, 4, 128, 2), (2, 8, 64, 1), (4, 7, 64, 1)):
+        tiles[f"window {r} {c_} {ch} {n}"] = window_kernel(r, c_, ch, n)
     return tiles
 
 
@@ -235,6 +308,24 @@ def row_kernel(tile: RowTile, taps_major: bool = False, dtype: torch.dtype | Non
             x, w, taps if bias is None else bias, out, conv.height, conv.width, conv.channels, *conv.out_size,
             *strides, *conv.padding[:2], kh, kw, bias is not None, tile.rows, tile.columns, tile.channels,
             num_warps=tile.warps)
+    return launch
+
+
+def window_kernel(rows: int, cols: int, block_c: int, warps: int):
+    """The window kernel (`_depthwise_window_kernel`) at a tile, its taps laid out as `taps_major_weights` lays them
+    out for the row kernel (each tap's channels one float32 vector)."""
+    layout = derived(lambda taps: taps.t().float().contiguous())
+
+    def launch(x, taps, bias, out, conv: Conv):
+        if not on_rows(conv.stride, conv.dilation):
+            return False  # the flat kernel's convolution
+        kh, kw = conv.kernel
+        grid = (conv.batch * triton.cdiv(conv.out_size[0], rows), triton.cdiv(conv.out_size[1], cols),
+                triton.cdiv(conv.channels, block_c))
+        _depthwise_window_kernel[grid](
+            x, layout(taps), taps if bias is None else bias, out, conv.height, conv.width, conv.channels,
+            *conv.out_size, 1, kw * conv.channels, conv.channels, *conv.padding[:2], kh, kw, bias is not None,
+            rows, cols, block_c, num_warps=warps)
     return launch
 
 
