@@ -265,11 +265,12 @@ def variants() -> dict[str, Callable]:
         tiles.setdefault(reuse_name(tile), row_kernel(tile))
     tiles[reuse_name(ROW_TILE) + ", taps-major"] = row_kernel(ROW_TILE, taps_major=True)
     tiles[reuse_name(ROW_TILE) + ", taps-major float32"] = row_kernel(ROW_TILE, taps_major=True, dtype=torch.float32)
-    # Run 30 (CPU, Triton 3.8's SASS for sm_90a, 7x7): the row kernel's tile issues 4.3 instructions per multiply-add
-    # and spills; the window kernel at 4 x 4 pixels x 64 channels in 1 warp 1.8 (168 registers, no spills), at 4 x 7
-    # 1.6 (255 registers), each channel pair's pixel one 32-bit load. Triton's compile grows with the window (its
-    # coalescing pass over every load, on a 2-core CPU: 7x7 at 4 x 4 ~7 s, 4 x 7 ~17 s, 8 x 8 ~63 s; 9x9 at 4 x 4
-    # ~24 s). 4 x 7 tiles convnext_tiny's maps (56, 28, 14, 7 wide) without idle columns.
+    # Run 30 (CPU, tools/depthwise_kernel_sass.py: SASS for sm_90a of convnext_tiny's first 7x7, Triton 3.6 as on the
+    # GPU machine): the row kernel's tile issues 2.48 instructions per multiply-add, the window kernel at 4 x 4 pixels
+    # x 64 channels in 1 warp 1.75, at 4 x 7 1.56, each channel pair's pixel one 32-bit load, no spills. Triton's
+    # compile grows with the window (its coalescing pass over every load; 2-core CPU: 7x7 at 4 x 4 ~8 s, 4 x 7 ~18 s;
+    # 9x9 at 4 x 4 ~25 s; the row kernel 3.4 s). 4 x 7 tiles convnext_tiny's maps (56, 28, 14, 7 wide) without idle
+    # columns.
     for r, c_, ch, n in ((4, 4, 64, 1), (4, 4, 128, 2), (2, 8, 64, 1), (4, 7, 64, 1)):
         tiles[f"window {r} {c_} {ch} {n}"] = window_kernel(r, c_, ch, n)
     return tiles
