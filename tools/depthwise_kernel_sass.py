@@ -28,7 +28,7 @@ from triton.backends.compiler import GPUTarget
 
 from trtmc.backends.depthwise_kernel import ROW_TILE, depthwise_rows_kernel
 
-from depthwise_kernel_tune import _depthwise_window_kernel
+from depthwise_kernel_tune import depthwise_window_kernel
 
 TOOLS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 POINTERS = {"x_ptr": "*fp16", "w_ptr": "*fp32", "b_ptr": "*fp16", "out_ptr": "*fp16"}
@@ -83,7 +83,7 @@ def main() -> None:
     for spec in args.window or ["4 4 64 1", "4 4 128 2", "2 8 64 1", "4 7 64 1"]:
         r, s, block_c, warps = map(int, spec.split())
         window = {**same, "rows": r, "cols": s, "block_c": block_c}
-        runs[f"window {spec}"] = (specialized(_depthwise_window_kernel, sizes, window), warps)
+        runs[f"window {spec}"] = (specialized(depthwise_window_kernel, sizes, window), warps)
     for name, (source, warps) in runs.items():
         m = machine_code(source, warps)
         print(f"{k}x{k}, {c} channels, {hw}x{hw}, {name}: {m['instructions']} instructions a thread for {m['ffma']} "

@@ -116,7 +116,7 @@ def _window_store(acc, bias, out_ptr, n, oh, ow, c, in_c, channels, out_height, 
 
 
 @triton.jit
-def _depthwise_window_kernel(
+def depthwise_window_kernel(
     x_ptr, w_ptr, b_ptr, out_ptr, height, width, channels, out_height, out_width, stride_wc, stride_wh, stride_ww,
     top: tl.constexpr, left: tl.constexpr, kh: tl.constexpr, kw: tl.constexpr, has_bias: tl.constexpr,
     rows: tl.constexpr, cols: tl.constexpr, block_c: tl.constexpr,
@@ -313,7 +313,7 @@ def row_kernel(tile: RowTile, taps_major: bool = False, dtype: torch.dtype | Non
 
 
 def window_kernel(rows: int, cols: int, block_c: int, warps: int):
-    """The window kernel (`_depthwise_window_kernel`) at a tile, its taps laid out as `taps_major_weights` lays them
+    """The window kernel (`depthwise_window_kernel`) at a tile, its taps laid out as `taps_major_weights` lays them
     out for the row kernel (each tap's channels one float32 vector)."""
     layout = derived(lambda taps: taps.t().float().contiguous())
 
@@ -323,7 +323,7 @@ def window_kernel(rows: int, cols: int, block_c: int, warps: int):
         kh, kw = conv.kernel
         grid = (conv.batch * triton.cdiv(conv.out_size[0], rows), triton.cdiv(conv.out_size[1], cols),
                 triton.cdiv(conv.channels, block_c))
-        _depthwise_window_kernel[grid](
+        depthwise_window_kernel[grid](
             x, layout(taps), taps if bias is None else bias, out, conv.height, conv.width, conv.channels,
             *conv.out_size, 1, kw * conv.channels, conv.channels, *conv.padding[:2], kh, kw, bias is not None,
             rows, cols, block_c, num_warps=warps)
