@@ -296,6 +296,19 @@ def reuse_name(tile: RowTile) -> str:
 def row_kernel(tile: RowTile, taps_major: bool = False, dtype: torch.dtype | None = None):
     """The row kernel at `tile`, its taps as the engine passes them ([C, kh * kw]) or channels-last
     ([kh * kw, C], in `dtype`)."""
+    return stride_one(depthwise_rows_kernel, tile.rows, tile.columns, tile.channels, tile.warps, taps_major, dtype)
+
+
+def window_kernel(rows: int, cols: int, block_c: int, warps: int):
+    """The window kernel (`depthwise_window_kernel`) at a tile, its taps laid out as `taps_major_weights` lays them
+    out for the row kernel (each tap's channels one float32 vector)."""
+    return stride_one(depthwise_window_kernel, rows, cols, block_c, warps, taps_major=True, dtype=torch.float32)
+
+
+def stride_one(kernel, rows: int, cols: int, block_c: int, warps: int, taps_major: bool, dtype: torch.dtype | None):
+    """A launch of a kernel that takes the row kernel's arguments (the row kernel, the window kernel: stride 1 only,
+    a program `rows` x `cols` output pixels x `block_c` channels), its taps as the engine passes them ([C, kh * kw])
+    or channels-last ([kh * kw, C], in `dtype`)."""
     layout = derived(lambda taps: taps.t().to(dtype or taps.dtype).contiguous())
 
     def launch(x, taps, bias, out, conv: Conv):
@@ -303,30 +316,11 @@ def row_kernel(tile: RowTile, taps_major: bool = False, dtype: torch.dtype | Non
             return False  # the flat kernel's convolution
         kh, kw = conv.kernel
         w, strides = (layout(taps), (1, kw * conv.channels, conv.channels)) if taps_major else (taps, (kh * kw, kw, 1))
-        grid = (conv.batch * triton.cdiv(conv.out_size[0], tile.rows), triton.cdiv(conv.out_size[1], tile.columns),
-                triton.cdiv(conv.channels, tile.channels))
-        depthwise_rows_kernel[grid](
-            x, w, taps if bias is None else bias, out, conv.height, conv.width, conv.channels, *conv.out_size,
-            *strides, *conv.padding[:2], kh, kw, bias is not None, tile.rows, tile.columns, tile.channels,
-            num_warps=tile.warps)
-    return launch
-
-
-def window_kernel(rows: int, cols: int, block_c: int, warps: int):
-    """The window kernel (`depthwise_window_kernel`) at a tile, its taps laid out as `taps_major_weights` lays them
-    out for the row kernel (each tap's channels one float32 vector)."""
-    layout = derived(lambda taps: taps.t().float().contiguous())
-
-    def launch(x, taps, bias, out, conv: Conv):
-        if not on_rows(conv.stride, conv.dilation):
-            return False  # the flat kernel's convolution
-        kh, kw = conv.kernel
         grid = (conv.batch * triton.cdiv(conv.out_size[0], rows), triton.cdiv(conv.out_size[1], cols),
                 triton.cdiv(conv.channels, block_c))
-        depthwise_window_kernel[grid](
-            x, layout(taps), taps if bias is None else bias, out, conv.height, conv.width, conv.channels,
-            *conv.out_size, 1, kw * conv.channels, conv.channels, *conv.padding[:2], kh, kw, bias is not None,
-            rows, cols, block_c, num_warps=warps)
+        kernel[grid](
+            x, w, taps if bias is None else bias, out, conv.height, conv.width, conv.channels, *conv.out_size,
+            *strides, *conv.padding[:2], kh, kw, bias is not None, rows, cols, block_c, num_warps=warps)
     return launch
 
 

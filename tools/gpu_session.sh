@@ -328,9 +328,9 @@ behind() {
 behind_profile() { build_for_profile mobilevit_s; profile_misses behind/profile mobilevit_s; }
 
 misses() {  # run 30: efficientvit_b1 at batch 128 the one row slower than the expert beyond the margin (0.95x)
-    local arch
-    for arch in ${MISS_ARCHS:-efficientvit_b1}; do build_for_profile "$arch"; done
-    profile_misses misses ${MISS_ARCHS:-efficientvit_b1}
+    local archs=${MISS_ARCHS:-efficientvit_b1} arch
+    for arch in $archs; do build_for_profile "$arch"; done
+    profile_misses misses $archs
 }
 
 inductor_options() {  # FOLDER "BATCH..." ARCH:VARIANT...: tools/autotune_probe.py per model, each an equal share of
