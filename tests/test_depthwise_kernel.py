@@ -17,7 +17,9 @@ import numpy as np
 import pytest
 import torch
 
-from trtmc.backends.depthwise_kernel import ROW_TILE, TILE, compiled_for, depthwise_kernels, on_rows
+from trtmc.backends.depthwise_kernel import (
+    TILE, WINDOW_MAX_KERNEL, WINDOW_TILE, compiled_for, depthwise_kernels, on_window,
+)
 from trtmc.backends.inductor_lowerings import (
     DEPTHWISE_KERNEL_AT_BUILD, KERNEL, LOWERINGS, PLAIN, Lowering, compile_cuda, lowering_candidates,
 )
@@ -28,8 +30,9 @@ from trtmc.passes.precision import PrecisionPolicy, assign_precision
 # (kernel, stride (h, w), padding (top, left, bottom, right), dilation (h, w), channels, bias): whole channel tiles
 # (64, 96 channels) and partial ones (40, 17, 8), TF "SAME" padding at stride 2, dilation, a width no tile divides,
 # rows and columns told apart (padding, stride and dilation each differing between them), and kernels wider than
-# 7x7. Stride 1 without dilation runs on the row kernel (its maps of 13 rows end inside a program's 3, and the last
-# two cases pad each side differently and fill part of a channel tile); the rest on the flat kernel.
+# 7x7. Stride 1 without dilation runs on the window kernel up to 9x9 (its maps of 13 x 11 end inside a program's 4 x
+# 4, and the 5x5 and last 3x3 cases pad each side differently and fill part of a channel tile); the rest, an 11x11
+# kernel at stride 1 among them, on the flat kernel.
 CASES = [
     (3, (1, 1), (1, 1, 1, 1), (1, 1), 64, True),
     (5, (2, 2), (1, 1, 2, 2), (1, 1), 40, True),
@@ -41,6 +44,7 @@ CASES = [
     (11, (2, 1), (5, 3, 5, 7), (1, 1), 8, False),
     (5, (1, 1), (1, 2, 3, 2), (1, 1), 40, True),
     (3, (1, 1), (0, 1, 2, 1), (1, 1), 17, False),
+    (11, (1, 1), (5, 5, 5, 5), (1, 1), 8, True),
 ]
 
 _INTERPRETED = textwrap.dedent("""
@@ -91,25 +95,28 @@ def test_the_built_kernel_loops_over_its_rows_at_every_size_so_its_compile_does_
     assert "scf.for" not in unrolled and unrolled.count("tt.load") == 2 * 9 + 1
 
 
-def test_stride_one_convolutions_without_dilation_run_on_the_row_kernel():
-    assert on_rows([1, 1], [1, 1])
-    assert not on_rows([2, 2], [1, 1]) and not on_rows([1, 2], [1, 1]) and not on_rows([1, 1], [2, 2])
-    assert sum(on_rows(stride, dilation) for _, stride, _, dilation, _, _ in CASES) == 5  # the interpreter's cases
+def test_stride_one_convolutions_without_dilation_up_to_9x9_run_on_the_window_kernel():
+    assert on_window([3, 3], [1, 1], [1, 1]) and on_window([WINDOW_MAX_KERNEL] * 2, [1, 1], [1, 1])
+    assert not on_window([3, 3], [2, 2], [1, 1]) and not on_window([3, 3], [1, 2], [1, 1])
+    assert not on_window([3, 3], [1, 1], [2, 2]) and not on_window([11, 11], [1, 1], [1, 1])
+    on = [case for case in CASES if on_window([case[0]] * 2, case[1], case[3])]
+    assert len(on) == 5 and 9 in {case[0] for case in on}  # the interpreter's cases
 
 
-def test_a_row_tile_of_more_rows_than_the_kernel_has_accumulators_is_refused():
-    with pytest.raises(ValueError, match="1 to 4 output rows"):
-        replace(ROW_TILE, rows=5)
+def test_a_window_of_more_pixels_than_the_kernel_keeps_accumulators_for_is_refused():
+    with pytest.raises(ValueError, match="1 to 32 of them"):
+        replace(WINDOW_TILE, rows=8, columns=8)
 
 
-def test_the_row_kernel_loads_each_input_strip_once_for_all_the_output_rows_it_feeds():
-    # Every loop unrolled: (rows + kh - 1) * kw strips, each tap once (Triton merges a tap's loads for the rows
-    # that share it) and the bias, where the flat kernel loads a strip for every row and tap.
-    for kernel in (3, 7):
-        ttir = compiled_for(90, kernel, ROW_TILE).asm["ttir"]
-        strips = (ROW_TILE.rows + kernel - 1) * kernel
-        assert "scf.for" not in ttir and ttir.count("tt.load") == strips + kernel * kernel + 1, kernel
-        assert strips < ROW_TILE.rows * kernel * kernel
+def test_the_window_kernel_loads_each_input_pixel_once_for_all_the_output_pixels_it_feeds():
+    # Every loop unrolled: (rows + kh - 1) * (columns + kw - 1) pixels, each tap once and the bias, where the flat
+    # kernel loads a pixel strip for every output pixel and tap.
+    t = WINDOW_TILE
+    for kernel in (3, 5):
+        ttir = compiled_for(90, kernel, t).asm["ttir"]
+        pixels = (t.rows + kernel - 1) * (t.columns + kernel - 1)
+        assert "scf.for" not in ttir and ttir.count("tt.load") == pixels + kernel * kernel + 1, kernel
+        assert pixels < t.rows * t.columns * kernel * kernel
 
 
 def _depthwise_graph(case, precision: str = "fp32"):
@@ -134,9 +141,10 @@ def test_a_graph_lowered_to_the_depthwise_op_computes_what_the_graph_does(case):
         assert torch.allclose(GraphModule(graph, fusions=kernels)(pixels), GraphModule(graph)(pixels), rtol=1e-5, atol=1e-5)
 
 
-def test_the_row_kernels_weights_are_laid_out_tap_by_tap_in_float32_and_the_module_computes_the_same():
-    # A 7x7 convolution at stride 1 (the row kernel's) beside a strided 5x5 one (the flat kernel's, left as built).
-    for case, tap_by_tap in ((CASES[2], True), (CASES[1], False)):
+def test_the_window_kernels_weights_are_laid_out_tap_by_tap_in_float32_and_the_module_computes_the_same():
+    # A 7x7 convolution at stride 1 (the window kernel's) beside a strided 5x5 one and an 11x11 one at stride 1 (the
+    # flat kernel's, left as built).
+    for case, tap_by_tap in ((CASES[2], True), (CASES[1], False), (CASES[10], False)):
         half = Lowering(frozenset(), frozenset(), depthwise_kernel=True).module(
             _depthwise_graph(case, "fp16"), torch.device("cpu"))
         key = _depthwise_graph(case).node("blocks.0.conv_dw").attrs.weight
@@ -185,7 +193,8 @@ def test_the_depthwise_kernel_lowering_is_offered_at_batch_1_where_cudnn_would_r
 
 def test_above_batch_1_the_depthwise_kernel_lowering_is_offered_only_where_four_kernels_are_7x7_or_wider():
     # At 16 channels no depthwise convolution is taps above batch 1 (TAPS_BELOW_CHANNELS), so cuDNN would run all
-    # of them; run 29 measured the row kernel quicker at batch 128 on networks with 7x7 ones, not on 3x3 ones.
+    # of them; run 29 measured the row kernel before the window kernel quicker at batch 128 on networks with 7x7
+    # ones, not on 3x3 ones.
     assert list(lowering_candidates(_depthwise_stack(4, 7), 128, depthwise_kernel=True)) == [PLAIN, KERNEL]
     assert list(lowering_candidates(_depthwise_stack(4, 9), 8, depthwise_kernel=True)) == [PLAIN, KERNEL]
     assert list(lowering_candidates(_depthwise_stack(4, 3), 128, depthwise_kernel=True)) == [PLAIN]

@@ -1,9 +1,9 @@
 """What a depthwise kernel asks of the GPU per thread, read from its machine code on a CPU (issue 12; run 30).
 
-Compiles the product's row kernel (`depthwise_rows_kernel` at `ROW_TILE`) and the window kernel of
-tools/depthwise_kernel_tune.py (`window R S C N`) for sm_90a with Triton, specialized as a launch on one of
-convnext_tiny's 7x7 convolutions specializes them (taps laid out tap by tap in float32, as `taps_major_weights` lays
-them out; 16-divisible sizes and strides marked so, a stride of 1 made a constant), without a GPU; counts the SASS
+Compiles the row kernel of runs 29-30 (tools/depthwise_kernel_tune.py's `depthwise_rows_kernel` at `ROW_TILE`)
+and the product's window kernel (`depthwise_window_kernel`, `window R S C N`) for sm_90a with Triton, specialized as
+a launch on one of convnext_tiny's 7x7 convolutions specializes them (taps laid out tap by tap in float32, as
+`taps_major_weights` lays them out; 16-divisible sizes and strides marked so, a stride of 1 made a constant), without a GPU; counts the SASS
 instructions of one thread (`cuobjdump -sass`, bundled with Triton) and reads its registers and spills (`ptxas -v`).
 Multiply-adds per thread against all instructions per thread is what the kernel issues for its arithmetic; the
 compile time is Triton's, in this process (run it with an empty TRITON_CACHE_DIR to time a cold compile).
@@ -26,9 +26,9 @@ from pathlib import Path
 import triton
 from triton.backends.compiler import GPUTarget
 
-from trtmc.backends.depthwise_kernel import ROW_TILE, depthwise_rows_kernel
+from trtmc.backends.depthwise_kernel import depthwise_window_kernel
 
-from depthwise_kernel_tune import depthwise_window_kernel
+from depthwise_kernel_tune import ROW_TILE, depthwise_rows_kernel
 
 TOOLS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 POINTERS = {"x_ptr": "*fp16", "w_ptr": "*fp32", "b_ptr": "*fp16", "out_ptr": "*fp16"}

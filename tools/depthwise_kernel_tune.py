@@ -20,13 +20,14 @@ the same looping over the kernel's rows; other tiles and warp counts, looping (`
 a row-tiled variant defined here (`rows R W C N`: each program computes R output rows x W columns x C channels
 and loads each input row's strip once per horizontal tap, for all R output rows that use it: (R * stride + kh - 1)
 * kw loads instead of R * kh * kw; a loop over the input rows, each row's taps unrolled, every row multiplying
-each strip by its tap or a zero); and the product's
-row kernel (`depthwise_rows_kernel`, stride 1 only: one accumulator per row, every loop unrolled, no zero taps) at
-its tile (`ROW_TILE`, `reuse 3 16 32 2`) and others (`reuse R W C N`), its taps as the engine's channels-last
-weights or laid out tap by tap (`, taps-major`; `, taps-major float32`, as `taps_major_weights` lays them out);
-and a window kernel defined here (`window R S C N`, stride 1 only: each program R x S output pixels x C channels in
-N warps, every pixel's channels an accumulator of their own and every tap held for the program, each input pixel of
-the window loaded once: (R + kh - 1) * (S + kw - 1) loads for R * S * kh * kw multiply-adds).
+each strip by its tap or a zero); the product's row kernel of runs 29-30, kept here (`depthwise_rows_kernel`,
+stride 1 only: one accumulator per row, every loop unrolled, no zero taps) at its tile (`ROW_TILE`, `reuse 3 16 32
+2`) and others (`reuse R W C N`), its taps as the engine's channels-last weights or laid out tap by tap (`,
+taps-major`; `, taps-major float32`, as `taps_major_weights` lays them out); and the product's window kernel since
+run 31 (`depthwise_window_kernel`, `window R S C N`, stride 1 only, kernels up to 9x9: each program R x S output
+pixels x C channels in N warps, every pixel's channels an accumulator of their own and every tap held for the
+program, each input pixel of the window loaded once: (R + kh - 1) * (S + kw - 1) loads for R * S * kh * kw
+multiply-adds) at its tile (`WINDOW_TILE`, `window 4 4 64 1`) and others.
 `--cudnn-benchmark` times cuDNN's quickest algorithm for each shape instead of its heuristic's pick (run it in a
 process of its own); `--variants REGEX` times only the variants it matches.
 Each is checked against `F.conv2d` in float32 (within one half-precision rounding of the output's largest value;
@@ -59,7 +60,7 @@ import triton
 import triton.language as tl
 
 from trtmc.backends.depthwise_kernel import (
-    ROW_TILE, TILE, RowTile, depthwise_conv2d_kernel, depthwise_kernels, depthwise_rows_kernel, on_rows,
+    TILE, WINDOW_TILE, depthwise_conv2d_kernel, depthwise_kernels, depthwise_window_kernel, on_window,
 )
 from trtmc.backends.torch_lowering import depthwise_taps_nodes
 
@@ -108,67 +109,93 @@ def _depthwise_rows_kernel(
     tl.store(out_ptr + at, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@dataclass(frozen=True)
+class RowTile:
+    """What one program of the row kernel computes: `rows` output rows (1 to 4: one accumulator each) x `columns`
+    columns x `channels` channels, in `warps` warps."""
+
+    rows: int
+    columns: int
+    channels: int
+    warps: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.rows <= 4:
+            raise ValueError(f"the row kernel keeps 1 to 4 output rows' accumulators, not {self.rows}")
+
+
+# Run 29 (this tool, H100, every depthwise convolution of convnext_tiny, edgenext_small and ghostnet_100 one at a
+# time; the product's from then to run 31, when the window kernel replaced it): the quickest row tile summed over
+# convnext_tiny and edgenext_small at batch 128 (2,309 and 792 us with its taps laid out for it; 2 rows 2,939 and
+# 875; 4 rows 4,652 and 1,371, the cause not examined: four 16 x 32 accumulators in 2 warps may spill) and within 6%
+# of the quickest at batch 1 (2 rows).
+ROW_TILE = RowTile(rows=3, columns=16, channels=32, warps=2)
+
+
 @triton.jit
-def _window_store(acc, bias, out_ptr, n, oh, ow, c, in_c, channels, out_height, out_width):
-    inside = (oh < out_height) & (ow < out_width)
+def _row_tap(acc, x, w_ptr, c, in_c, stride_wc, stride_wh, stride_ww, i: tl.constexpr, j: tl.constexpr,
+             kh: tl.constexpr):
+    # One output row's share of a loaded input strip: its tap (i, j), where i is one of the kernel's rows.
+    if i >= 0:
+        if i < kh:
+            tap = tl.load(w_ptr + c * stride_wc + i * stride_wh + j * stride_ww, mask=in_c, other=0.0)
+            acc += x * tap.to(tl.float32)[None, :]
+    return acc
+
+
+@triton.jit
+def _row_store(acc, bias, out_ptr, n, oh, ow, c, in_c, channels, out_height, out_width):
     at = ((n * out_height + oh) * out_width + ow) * channels
-    tl.store(out_ptr + at + c, (acc + bias).to(out_ptr.dtype.element_ty), mask=in_c & inside)
+    inside = (oh < out_height) & (ow < out_width)
+    tl.store(out_ptr + at[:, None] + c[None, :], (acc + bias[None, :]).to(out_ptr.dtype.element_ty),
+             mask=inside[:, None] & in_c[None, :])
 
 
 @triton.jit
-def depthwise_window_kernel(
+def depthwise_rows_kernel(
     x_ptr, w_ptr, b_ptr, out_ptr, height, width, channels, out_height, out_width, stride_wc, stride_wh, stride_ww,
     top: tl.constexpr, left: tl.constexpr, kh: tl.constexpr, kw: tl.constexpr, has_bias: tl.constexpr,
-    rows: tl.constexpr, cols: tl.constexpr, block_c: tl.constexpr,
+    rows: tl.constexpr, block_w: tl.constexpr, block_c: tl.constexpr,
 ):
-    # Stride 1, no dilation; x and out channels-last, the weight [C, 1, kh, kw] at any strides. A program: a window
-    # of `rows` x `cols` output pixels of image n from (oh0, ow0), block_c channels; each pixel's channels one
-    # accumulator vector (a tuple of rows * cols), each tap's channels one vector held for the whole program. Input
-    # pixel (t, u) of the window's (rows + kh - 1) x (cols + kw - 1) is loaded once and added into every output
-    # pixel (r, s) that uses it, through tap (t - r, u - s): every loop unrolled, so the shifts cost nothing at run
-    # time (Triton cannot shift a loaded tile; the row kernel loads each strip once per tap column instead).
+    # Stride 1, no dilation; x and out channels-last, the weight [C, 1, kh, kw] at any strides. A program: `rows`
+    # output rows from oh0 of image n, block_w columns, block_c channels. Input row oh0 - top + t, shifted by tap
+    # column j, feeds output row oh0 + r through tap (t - r, j): every loop unrolled, so each row's tap is known
+    # when compiling and no row multiplies by a tap outside the kernel.
     row_blocks = tl.cdiv(out_height, rows)
     n = tl.program_id(0) // row_blocks
     oh0 = (tl.program_id(0) % row_blocks) * rows
-    ow0 = tl.program_id(1) * cols
+    ow = tl.program_id(1) * block_w + tl.arange(0, block_w)
     c = tl.program_id(2) * block_c + tl.arange(0, block_c)
     in_c = c < channels
-    taps = ()
-    for i in tl.static_range(kh):
-        for j in tl.static_range(kw):
-            tap = tl.load(w_ptr + c * stride_wc + i * stride_wh + j * stride_ww, mask=in_c, other=0.0)
-            taps = taps + (tap.to(tl.float32),)
-    accs = ()
-    for _ in tl.static_range(rows * cols):
-        accs = accs + (tl.zeros((block_c,), dtype=tl.float32),)
-    row_step = width * channels
-    x_image = x_ptr + n * height * row_step + c
+    acc0 = tl.zeros((block_w, block_c), dtype=tl.float32)
+    acc1 = tl.zeros((block_w, block_c), dtype=tl.float32)
+    acc2 = tl.zeros((block_w, block_c), dtype=tl.float32)
+    acc3 = tl.zeros((block_w, block_c), dtype=tl.float32)
     for t in tl.static_range(rows + kh - 1):
         ih = oh0 - top + t
         row_inside = (ih >= 0) & (ih < height)
-        x_row = x_image + ih * row_step
-        for u in tl.static_range(cols + kw - 1):
-            iw = ow0 - left + u
+        for j in tl.static_range(kw):
+            iw = ow - left + j
             inside = row_inside & (iw >= 0) & (iw < width)
-            x = tl.load(x_row + iw * channels, mask=in_c & inside, other=0.0).to(tl.float32)
-            added = ()
-            for r in tl.static_range(rows):
-                for s in tl.static_range(cols):
-                    acc = accs[r * cols + s]
-                    if t - r >= 0:
-                        if t - r < kh:
-                            if u - s >= 0:
-                                if u - s < kw:
-                                    acc = acc + x * taps[(t - r) * kw + (u - s)]
-                    added = added + (acc,)
-            accs = added
+            x = tl.load(x_ptr + (((n * height + ih) * width + iw) * channels)[:, None] + c[None, :],
+                        mask=inside[:, None] & in_c[None, :], other=0.0).to(tl.float32)
+            acc0 = _row_tap(acc0, x, w_ptr, c, in_c, stride_wc, stride_wh, stride_ww, t, j, kh)
+            if rows > 1:
+                acc1 = _row_tap(acc1, x, w_ptr, c, in_c, stride_wc, stride_wh, stride_ww, t - 1, j, kh)
+            if rows > 2:
+                acc2 = _row_tap(acc2, x, w_ptr, c, in_c, stride_wc, stride_wh, stride_ww, t - 2, j, kh)
+            if rows > 3:
+                acc3 = _row_tap(acc3, x, w_ptr, c, in_c, stride_wc, stride_wh, stride_ww, t - 3, j, kh)
     bias = tl.zeros((block_c,), dtype=tl.float32)
     if has_bias:
         bias = tl.load(b_ptr + c, mask=in_c, other=0.0).to(tl.float32)
-    for r in tl.static_range(rows):
-        for s in tl.static_range(cols):
-            _window_store(accs[r * cols + s], bias, out_ptr, n, oh0 + r, ow0 + s, c, in_c, channels, out_height,
-                          out_width)
+    _row_store(acc0, bias, out_ptr, n, oh0, ow, c, in_c, channels, out_height, out_width)
+    if rows > 1:
+        _row_store(acc1, bias, out_ptr, n, oh0 + 1, ow, c, in_c, channels, out_height, out_width)
+    if rows > 2:
+        _row_store(acc2, bias, out_ptr, n, oh0 + 2, ow, c, in_c, channels, out_height, out_width)
+    if rows > 3:
+        _row_store(acc3, bias, out_ptr, n, oh0 + 3, ow, c, in_c, channels, out_height, out_width)
 
 
 @dataclass(frozen=True)
@@ -270,8 +297,9 @@ def variants() -> dict[str, Callable]:
     # x 64 channels in 1 warp 1.75, at 4 x 7 1.56, each channel pair's pixel one 32-bit load, no spills. Triton's
     # compile grows with the window (its coalescing pass over every load; 2-core CPU: 7x7 at 4 x 4 ~8 s, 4 x 7 ~18 s;
     # 9x9 at 4 x 4 ~25 s; the row kernel 3.4 s). 4 x 7 tiles convnext_tiny's maps (56, 28, 14, 7 wide) without idle
-    # columns.
-    for r, c_, ch, n in ((4, 4, 64, 1), (4, 4, 128, 2), (2, 8, 64, 1), (4, 7, 64, 1)):
+    # columns. Run 31 (this tool, H100): 4 x 4 x 64 in 1 warp the product's since (`WINDOW_TILE`).
+    t = WINDOW_TILE
+    for r, c_, ch, n in ((t.rows, t.columns, t.channels, t.warps), (4, 4, 128, 2), (2, 8, 64, 1), (4, 7, 64, 1)):
         tiles[f"window {r} {c_} {ch} {n}"] = window_kernel(r, c_, ch, n)
     return tiles
 
@@ -312,7 +340,7 @@ def stride_one(kernel, rows: int, cols: int, block_c: int, warps: int, taps_majo
     layout = derived(lambda taps: taps.t().to(dtype or taps.dtype).contiguous())
 
     def launch(x, taps, bias, out, conv: Conv):
-        if not on_rows(conv.stride, conv.dilation):
+        if not on_window(conv.kernel, conv.stride, conv.dilation):
             return False  # the flat kernel's convolution
         kh, kw = conv.kernel
         w, strides = (layout(taps), (1, kw * conv.channels, conv.channels)) if taps_major else (taps, (kh * kw, kw, 1))

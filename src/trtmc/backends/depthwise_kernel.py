@@ -10,13 +10,15 @@ channels, accumulates in float32 and rounds once: one compile per shape (Triton'
 fused kernel per tap. Its tile (`TILE`: 32 pixels x 32 channels in 2 warps, a loop over the kernel's rows) is the
 quickest that `tools/depthwise_kernel_tune.py` found at batch 1 (run 22).
 
-A convolution of stride 1 without dilation (most of them: every one of convnext_tiny's and edgenext_small's) runs
-on the row kernel instead (`depthwise_rows_kernel`, `ROW_TILE`): a program keeps one accumulator for each of a few
-output rows, loads each input strip once and adds it into every output row that uses it, so it loads
-(rows + kh - 1) * kw strips for rows * kh * kw multiply-adds where the flat kernel loads one strip per multiply-add
-(run 29, `tools/depthwise_kernel_tune.py`, H100, one convolution at a time: convnext_tiny's 18 7x7 convolutions at
-batch 128 in 2,243 us against cuDNN's 2,927 and the flat kernel's 3,096; edgenext_small's 21 in 777 against
-1,619). Its taps must be laid out for it (`taps_major_weights`): from channels-last weights it took 3,915 us.
+A convolution of stride 1 without dilation and a kernel up to `WINDOW_MAX_KERNEL` wide (most of them: every one of
+convnext_tiny's and edgenext_small's) runs on the window kernel instead (`depthwise_window_kernel`, `WINDOW_TILE`): a
+program computes a window of output pixels, each pixel's channels an accumulator of their own and each tap's
+channels held for the whole program, and loads each input pixel of the window once, adding it into every output
+pixel that uses it: (rows + kh - 1) * (columns + kw - 1) loads for rows * columns * kh * kw multiply-adds, where the
+flat kernel loads one pixel strip per multiply-add (run 31, `tools/depthwise_kernel_tune.py`, H100, one convolution
+at a time at batch 128: convnext_tiny's 18 7x7 convolutions in 1,422 us against run 29's row kernel's 2,243 and
+cuDNN's 2,914; edgenext_small's 21 in 505 against 777 and 1,617). Its taps must be laid out for it
+(`taps_major_weights`).
 
 `trtmc::depthwise_conv2d` is the custom op Inductor keeps as one extern call; on a CPU it computes the same
 function with `F.conv2d` in float32 (the tests compare the kernels with it under Triton's interpreter).
@@ -58,9 +60,9 @@ TILE = Tile(pixels=32, channels=32, warps=2, unroll_rows=False)
 
 
 @dataclass(frozen=True)
-class RowTile:
-    """What one program of the row kernel computes: `rows` output rows (1 to 4: one accumulator each) x `columns`
-    columns x `channels` channels, in `warps` warps."""
+class WindowTile:
+    """What one program of the window kernel computes: `rows` x `columns` output pixels x `channels` channels, in
+    `warps` warps; every pixel an accumulator of its own, so a program holds rows * columns of them and its taps."""
 
     rows: int
     columns: int
@@ -68,15 +70,21 @@ class RowTile:
     warps: int
 
     def __post_init__(self) -> None:
-        if not 1 <= self.rows <= 4:
-            raise ValueError(f"the row kernel keeps 1 to 4 output rows' accumulators, not {self.rows}")
+        if not (self.rows >= 1 and self.columns >= 1 and self.rows * self.columns <= 32):
+            raise ValueError(f"a window of {self.rows} x {self.columns} pixels: the window kernel keeps one "
+                             "accumulator per pixel in registers, 1 to 32 of them")
 
 
-# Run 29 (tools/depthwise_kernel_tune.py, H100, every depthwise convolution of convnext_tiny, edgenext_small and
-# ghostnet_100 one at a time): the quickest row tile summed over convnext_tiny and edgenext_small at batch 128
-# (2,309 and 792 us with its taps laid out for it; 2 rows 2,939 and 875; 4 rows 4,652 and 1,371, the cause not
-# examined: four 16 x 32 accumulators in 2 warps may spill) and within 6% of the quickest at batch 1 (2 rows).
-ROW_TILE = RowTile(rows=3, columns=16, channels=32, warps=2)
+# Run 31 (tools/depthwise_kernel_tune.py, H100, every depthwise convolution of convnext_tiny and edgenext_small one
+# at a time): 4 x 4 pixels x 64 channels in one warp the quickest single tile on edgenext_small at batch 1 and 128
+# (83.5 and 505 us) and within 2% (batch 1) and 12% (batch 128: 1,422 against 1,265 us at 4 x 7) of the quickest on
+# convnext_tiny. Compiled on a CPU for sm_90a (tools/depthwise_kernel_sass.py, run 30): 1.75 instructions per
+# multiply-add against the row kernel's 2.48, no spills on Triton 3.6 or 3.8.
+WINDOW_TILE = WindowTile(rows=4, columns=4, channels=64, warps=1)
+
+# Triton unrolls the whole window, and its compile grows with it (run 30, sm_90a on a 2-core CPU, Triton 3.6: 7x7
+# ~8 s, 9x9 ~25 s); a wider stride-1 kernel runs on the flat kernel, whose loop over the rows compiles in ~1 s.
+WINDOW_MAX_KERNEL = 9
 
 
 @triton.jit
@@ -126,87 +134,85 @@ def depthwise_conv2d_kernel(
 
 
 @triton.jit
-def _row_tap(acc, x, w_ptr, c, in_c, stride_wc, stride_wh, stride_ww, i: tl.constexpr, j: tl.constexpr,
-             kh: tl.constexpr):
-    # One output row's share of a loaded input strip: its tap (i, j), where i is one of the kernel's rows.
-    if i >= 0:
-        if i < kh:
-            tap = tl.load(w_ptr + c * stride_wc + i * stride_wh + j * stride_ww, mask=in_c, other=0.0)
-            acc += x * tap.to(tl.float32)[None, :]
-    return acc
-
-
-@triton.jit
-def _row_store(acc, bias, out_ptr, n, oh, ow, c, in_c, channels, out_height, out_width):
-    at = ((n * out_height + oh) * out_width + ow) * channels
+def _window_store(acc, bias, out_ptr, n, oh, ow, c, in_c, channels, out_height, out_width):
     inside = (oh < out_height) & (ow < out_width)
-    tl.store(out_ptr + at[:, None] + c[None, :], (acc + bias[None, :]).to(out_ptr.dtype.element_ty),
-             mask=inside[:, None] & in_c[None, :])
+    at = ((n * out_height + oh) * out_width + ow) * channels
+    tl.store(out_ptr + at + c, (acc + bias).to(out_ptr.dtype.element_ty), mask=in_c & inside)
 
 
 @triton.jit
-def depthwise_rows_kernel(
+def depthwise_window_kernel(
     x_ptr, w_ptr, b_ptr, out_ptr, height, width, channels, out_height, out_width, stride_wc, stride_wh, stride_ww,
     top: tl.constexpr, left: tl.constexpr, kh: tl.constexpr, kw: tl.constexpr, has_bias: tl.constexpr,
-    rows: tl.constexpr, block_w: tl.constexpr, block_c: tl.constexpr,
+    rows: tl.constexpr, cols: tl.constexpr, block_c: tl.constexpr,
 ):
-    # Stride 1, no dilation; x and out channels-last, the weight [C, 1, kh, kw] at any strides. A program: `rows`
-    # output rows from oh0 of image n, block_w columns, block_c channels. Input row oh0 - top + t, shifted by tap
-    # column j, feeds output row oh0 + r through tap (t - r, j): every loop unrolled, so each row's tap is known
-    # when compiling and no row multiplies by a tap outside the kernel.
+    # Stride 1, no dilation; x and out channels-last, the weight [C, 1, kh, kw] at any strides. A program: a window
+    # of `rows` x `cols` output pixels of image n from (oh0, ow0), block_c channels; each pixel's channels one
+    # accumulator vector (a tuple of rows * cols), each tap's channels one vector held for the whole program. Input
+    # pixel (t, u) of the window's (rows + kh - 1) x (cols + kw - 1) is loaded once and added into every output
+    # pixel (r, s) that uses it, through tap (t - r, u - s): every loop unrolled, so the shifts cost nothing at run
+    # time (Triton cannot shift a loaded tile, so a tile of pixels would be loaded once per tap column).
     row_blocks = tl.cdiv(out_height, rows)
     n = tl.program_id(0) // row_blocks
     oh0 = (tl.program_id(0) % row_blocks) * rows
-    ow = tl.program_id(1) * block_w + tl.arange(0, block_w)
+    ow0 = tl.program_id(1) * cols
     c = tl.program_id(2) * block_c + tl.arange(0, block_c)
     in_c = c < channels
-    acc0 = tl.zeros((block_w, block_c), dtype=tl.float32)
-    acc1 = tl.zeros((block_w, block_c), dtype=tl.float32)
-    acc2 = tl.zeros((block_w, block_c), dtype=tl.float32)
-    acc3 = tl.zeros((block_w, block_c), dtype=tl.float32)
+    taps = ()
+    for i in tl.static_range(kh):
+        for j in tl.static_range(kw):
+            tap = tl.load(w_ptr + c * stride_wc + i * stride_wh + j * stride_ww, mask=in_c, other=0.0)
+            taps = taps + (tap.to(tl.float32),)
+    accs = ()
+    for _ in tl.static_range(rows * cols):
+        accs = accs + (tl.zeros((block_c,), dtype=tl.float32),)
+    row_step = width * channels
+    x_image = x_ptr + n * height * row_step + c
     for t in tl.static_range(rows + kh - 1):
         ih = oh0 - top + t
         row_inside = (ih >= 0) & (ih < height)
-        for j in tl.static_range(kw):
-            iw = ow - left + j
+        x_row = x_image + ih * row_step
+        for u in tl.static_range(cols + kw - 1):
+            iw = ow0 - left + u
             inside = row_inside & (iw >= 0) & (iw < width)
-            x = tl.load(x_ptr + (((n * height + ih) * width + iw) * channels)[:, None] + c[None, :],
-                        mask=inside[:, None] & in_c[None, :], other=0.0).to(tl.float32)
-            acc0 = _row_tap(acc0, x, w_ptr, c, in_c, stride_wc, stride_wh, stride_ww, t, j, kh)
-            if rows > 1:
-                acc1 = _row_tap(acc1, x, w_ptr, c, in_c, stride_wc, stride_wh, stride_ww, t - 1, j, kh)
-            if rows > 2:
-                acc2 = _row_tap(acc2, x, w_ptr, c, in_c, stride_wc, stride_wh, stride_ww, t - 2, j, kh)
-            if rows > 3:
-                acc3 = _row_tap(acc3, x, w_ptr, c, in_c, stride_wc, stride_wh, stride_ww, t - 3, j, kh)
+            x = tl.load(x_row + iw * channels, mask=in_c & inside, other=0.0).to(tl.float32)
+            added = ()
+            for r in tl.static_range(rows):
+                for s in tl.static_range(cols):
+                    acc = accs[r * cols + s]
+                    if t - r >= 0:
+                        if t - r < kh:
+                            if u - s >= 0:
+                                if u - s < kw:
+                                    acc = acc + x * taps[(t - r) * kw + (u - s)]
+                    added = added + (acc,)
+            accs = added
     bias = tl.zeros((block_c,), dtype=tl.float32)
     if has_bias:
         bias = tl.load(b_ptr + c, mask=in_c, other=0.0).to(tl.float32)
-    _row_store(acc0, bias, out_ptr, n, oh0, ow, c, in_c, channels, out_height, out_width)
-    if rows > 1:
-        _row_store(acc1, bias, out_ptr, n, oh0 + 1, ow, c, in_c, channels, out_height, out_width)
-    if rows > 2:
-        _row_store(acc2, bias, out_ptr, n, oh0 + 2, ow, c, in_c, channels, out_height, out_width)
-    if rows > 3:
-        _row_store(acc3, bias, out_ptr, n, oh0 + 3, ow, c, in_c, channels, out_height, out_width)
+    for r in tl.static_range(rows):
+        for s in tl.static_range(cols):
+            _window_store(accs[r * cols + s], bias, out_ptr, n, oh0 + r, ow0 + s, c, in_c, channels, out_height,
+                          out_width)
 
 
-def on_rows(stride: list[int], dilation: list[int]) -> bool:
-    """Whether a depthwise convolution runs on the row kernel (stride 1, no dilation) rather than the flat one."""
-    return list(stride) == [1, 1] and list(dilation) == [1, 1]
+def on_window(kernel: list[int], stride: list[int], dilation: list[int]) -> bool:
+    """Whether a depthwise convolution runs on the window kernel (stride 1, no dilation, a kernel up to
+    `WINDOW_MAX_KERNEL`) rather than the flat one."""
+    return list(stride) == [1, 1] and list(dilation) == [1, 1] and max(kernel) <= WINDOW_MAX_KERNEL
 
 
-def compiled_for(capability: int, kernel: int, tile: Tile | RowTile = TILE):
-    """Triton's compile of the flat kernel (a `Tile`) or the row kernel (a `RowTile`) for a `kernel` x `kernel`
+def compiled_for(capability: int, kernel: int, tile: Tile | WindowTile = TILE):
+    """Triton's compile of the flat kernel (a `Tile`) or the window kernel (a `WindowTile`) for a `kernel` x `kernel`
     convolution (stride 1, "same" padding, a bias) for a GPU of this compute capability (90: sm_90), without one
     and without launching: what the tests inspect and tools/depthwise_kernel_compile_time.py times."""
     from triton.backends.compiler import GPUTarget
 
     same = {"top": kernel // 2, "left": kernel // 2, "kh": kernel, "kw": kernel, "has_bias": True}
     sizes = ["height", "width", "channels", "out_height", "out_width"]
-    if isinstance(tile, RowTile):
-        fn, sizes = depthwise_rows_kernel, sizes + ["stride_wc", "stride_wh", "stride_ww"]
-        constexprs = {**same, "rows": tile.rows, "block_w": tile.columns, "block_c": tile.channels}
+    if isinstance(tile, WindowTile):
+        fn, sizes = depthwise_window_kernel, sizes + ["stride_wc", "stride_wh", "stride_ww"]
+        constexprs = {**same, "rows": tile.rows, "cols": tile.columns, "block_c": tile.channels}
     else:
         fn, sizes = depthwise_conv2d_kernel, ["pixels"] + sizes
         constexprs = {**same, "stride_h": 1, "stride_w": 1, "dilation_h": 1, "dilation_w": 1,
@@ -226,11 +232,11 @@ def depthwise_conv2d_triton(
     n, channels, height, width = x.shape
     x = x.contiguous(memory_format=torch.channels_last)
     out = torch.empty((n, channels, *out_size), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
-    if on_rows(stride, dilation):
-        t = ROW_TILE
+    if on_window(weight.shape[2:], stride, dilation):
+        t = WINDOW_TILE
         grid = (n * triton.cdiv(out_size[0], t.rows), triton.cdiv(out_size[1], t.columns),
                 triton.cdiv(channels, t.channels))
-        depthwise_rows_kernel[grid](
+        depthwise_window_kernel[grid](
             x, weight, weight if bias is None else bias, out, height, width, channels, out_size[0], out_size[1],
             weight.stride(0), weight.stride(2), weight.stride(3), origin[0], origin[1], weight.shape[2],
             weight.shape[3], bias is not None, t.rows, t.columns, t.channels, num_warps=t.warps,
@@ -298,16 +304,17 @@ def depthwise_kernels(graph: Graph, exclude: frozenset[str] = frozenset()) -> di
 
 def taps_major_weights(module: torch.nn.Module, kernels: Mapping[str, DepthwiseKernel]) -> torch.nn.Module:
     """`module` (from `to_fx` with these `kernels`, its convolution weights made channels-last) with the weights of
-    the convolutions the row kernel runs laid out tap by tap, each tap's channels one float32 vector: [C, 1, kh, kw]
-    at strides (1, C * kh * kw, kw * C, C). A program of the row kernel loads each of its kh * kw taps for its
+    the convolutions the window kernel runs laid out tap by tap, each tap's channels one float32 vector: [C, 1, kh,
+    kw] at strides (1, C * kh * kw, kw * C, C). A program of the window kernel loads each of its kh * kw taps for its
     channels once; from channels-last weights ([C, kh * kw]) that is one scalar load and conversion per channel and
-    tap, from these one vector (run 29, H100, convnext_tiny's 18 convolutions one at a time at batch 128: 3,915 us
-    channels-last, 2,456 taps-major in half precision, 2,243 in float32; cuDNN 2,927). Float32 holds a half or
+    tap, from these one vector (run 29, H100, on the row kernel before the window kernel, convnext_tiny's 18
+    convolutions one at a time at batch 128: 3,915 us channels-last, 2,456 taps-major in half precision, 2,243 in
+    float32; cuDNN 2,927). Float32 holds a half or
     bfloat16 weight exactly, so the sums are the same; the kernel reads any layout by its strides."""
     for kernel in kernels.values():
         a = kernel.convolution.attrs
         name = buffer_name(a.weight)
         tensor = getattr(module, name, None)  # tracing keeps only the buffers the forward reads
-        if tensor is not None and on_rows(a.stride, a.dilation):
+        if tensor is not None and on_window(tensor.shape[2:], a.stride, a.dilation):
             setattr(module, name, tensor.float().permute(2, 3, 1, 0).contiguous().permute(3, 2, 0, 1))
     return module

@@ -155,13 +155,15 @@ def _conv_norm_act(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, spec: ConvSpec,
 
 
 def _lite_mla(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, block: AttentionBlock, arch: EfficientViTConfig) -> Tensor:
-    """ReLU linear attention, computed transposed: timm's (tokens, head_dim) operands as (head_dim, tokens).
+    """ReLU linear attention: timm's (tokens, head_dim) operands arrive as (head_dim, tokens) from the convolutions.
 
-    timm pads v with a row of ones so that one product, k^T [v; 1], yields both k^T v and the token sum of k,
+    timm pads v with a row of ones so that one product, k^T [v, 1], yields both k^T v and the token sum of k,
     and a second, q against it, both the numerator and the normalizer. A concat does not broadcast a
-    constant over the batch, so here the sum of k is a reduce and is stacked under (k^T v)^T: two products
+    constant over the batch, so here the sum of k is a reduce and is stacked beside k^T v: two products
     per block, as timm's (four, as this was before, ran efficientvit_b1 at 0.91x the expert at batch 1 on
-    the H200; run 8).
+    the H200; run 8). The second product is timm's q [kv] (tokens x (d + 1)), not its transpose (kv^T q: d + 1
+    rows of tokens): cuBLAS ran that one on a small-N GEMV kernel, 264 us of the engine's 4.30 ms at batch 128
+    where the expert's 4.15 ms spent 122 (run 31, H100, tools/miss_profile.py).
 
     There is no softmax, so this is not the graph's ATTENTION op (softmax attention, whose fused
     kernels keep their statistics in fp32): its products stay separate ops, marked sensitive.
@@ -181,16 +183,17 @@ def _lite_mla(g: GraphBuilder, x: Tensor, ckpt: Checkpoint, block: AttentionBloc
     v = g.slice(qkv, 2, 2 * d, 3 * d, f"{main}.v")
     # Everything from here to the division runs in fp32 under fp16 (timm disables autocast for it):
     # token sums of ReLU products overflow fp16, and the ratio of two such sums is meaningless then.
-    vk = g.matmul(v, k, f"{main}.attn.vk", transpose_b=True, sensitive=True)  # (k^T v)^T: [1, groups, d, d]
+    kv = g.matmul(k, v, f"{main}.attn.kv", transpose_b=True, sensitive=True)  # k^T v: [1, groups, d, d]
     k_sum = g.reduce(k, f"{main}.attn.k_sum", Reduction.SUM, (3,), keepdim=True, sensitive=True)  # [1, groups, d, 1]
-    k_sum = g.reshape(k_sum, (groups, 1, d), f"{main}.attn.k_sum_row", sensitive=True)  # [1, groups, 1, d]
-    kv = g.concat([vk, k_sum], 2, f"{main}.attn.kv", sensitive=True)  # [1, groups, d + 1, d]
-    out = g.matmul(kv, q, f"{main}.attn.out", sensitive=True)  # [1, groups, d + 1, tokens]
-    num = g.slice(out, 2, 0, d, f"{main}.attn.num", sensitive=True)
-    den = g.slice(out, 2, d, d + 1, f"{main}.attn.den", sensitive=True)  # [1, groups, 1, tokens]
+    kv = g.concat([kv, k_sum], 3, f"{main}.attn.kv_sum", sensitive=True)  # k^T [v, 1]: [1, groups, d, d + 1]
+    q = g.transpose(q, (0, 1, 3, 2), f"{main}.attn.q_tokens")  # [1, groups, tokens, d]
+    out = g.matmul(q, kv, f"{main}.attn.out", sensitive=True)  # [1, groups, tokens, d + 1]
+    num = g.slice(out, 3, 0, d, f"{main}.attn.num", sensitive=True)
+    den = g.slice(out, 3, d, d + 1, f"{main}.attn.den", sensitive=True)  # [1, groups, tokens, 1]
     eps = g.constant(f"{main}.attn.eps", np.full((1, 1, 1, 1), arch.attn_eps, np.float32))
     den = g.binary(den, eps, Binary.ADD, f"{main}.attn.den_eps", sensitive=True)
     out = g.binary(num, den, Binary.DIV, f"{main}.attn.div", sensitive=True)
+    out = g.transpose(out, (0, 1, 3, 2), f"{main}.attn.channels")  # [1, groups, d, tokens]
     out = g.reshape(out, (groups * d, height, width), f"{main}.merge_heads")
     return _conv_norm_act(g, out, ckpt, block.proj, arch)
 
