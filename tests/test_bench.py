@@ -651,6 +651,33 @@ def test_resume_times_again_an_entry_that_other_code_timed(tiny, few_photos, tmp
     assert run_bench([entry], replace(opts, resume=True), clock_for=FAST).resumed == {}
 
 
+def _rewrite_record(workdir, name: str, **environment) -> None:
+    import pickle
+
+    path = Path(workdir) / runner.RECORDS / f"{name}.pickle"
+    record = pickle.loads(path.read_bytes())
+    record["environment"] = {**record["environment"], **environment}
+    path.write_bytes(pickle.dumps(record))
+
+
+def test_resume_takes_a_record_from_another_host_kernel_of_the_same_machine_and_versions(tiny, few_photos, tmp_path,
+                                                                                          uncompiled):
+    # The lent GPU machines' host kernel changed between two sessions (run 31); any other difference times again.
+    opts = options(tmp_path, baselines=("eager-fp32",))
+    first, second = tiny_entry(tiny, few_photos), tiny_entry(tiny, few_photos, name="tiny2")
+    earlier = run_bench([first, second], opts, clock_for=FAST)
+    _rewrite_record(opts.workdir, "tiny", host_kernel="6.18.44-older")
+    resumed = run_bench([first], replace(opts, resume=True), clock_for=FAST)
+    assert resumed.resumed == {"tiny": earlier.started}
+    recorded = runner.recorded_result([first, second], opts.workdir)
+    assert recorded.environment["host_kernel"] == ", ".join(sorted({"6.18.44-older", earlier.environment["host_kernel"]}))
+    _rewrite_record(opts.workdir, "tiny", torch="0.0.1")
+    assert run_bench([first], replace(opts, resume=True), clock_for=FAST).resumed == {}
+    _rewrite_record(opts.workdir, "tiny2", os="Windows")
+    with pytest.raises(ValueError, match=r"records differ in environment \(tiny2 against tiny\)"):
+        runner.recorded_result([first, second], opts.workdir)
+
+
 def test_cli_benches_one_model_on_the_cpu(tiny, few_photos, tmp_path, uncompiled):
     code, out, err = run_cli(
         "bench", "--device", "cpu", "--model", tiny, "--precision", "fp32", "--batch", "1", "--batch", "2", "--photos", few_photos,

@@ -77,7 +77,7 @@ stale() {  # NAME...: those with no record of this code's timing on this machine
     python3 - "$WORK" "$DEVICE" "$@" 2>>"$OUT/bench.log" <<'PY'
 import pickle, sys
 from pathlib import Path
-from trtmc.bench.runner import environment
+from trtmc.bench.runner import environment, same_machine
 work, device, names = Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
 here = environment(device)
 for name in names:
@@ -86,7 +86,7 @@ for name in names:
         print(name)
         continue
     there = pickle.loads(record.read_bytes())["environment"]
-    if there != here:
+    if not same_machine(there, here):
         differ = {k: (there.get(k), here.get(k)) for k in sorted(set(here) | set(there)) if here.get(k) != there.get(k)}
         print(f"{name}: recorded by other code or on another machine (record, here): {differ}", file=sys.stderr)
         print(name)

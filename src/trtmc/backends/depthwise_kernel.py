@@ -1,6 +1,6 @@
 """A depthwise convolution and its bias as one Triton kernel, for the compiled CUDA engine: the `depthwise-kernel`
 lowering a build times (`inductor_lowerings.DEPTHWISE_KERNEL_AT_BUILD`; measured by `tools/gpu_session.sh
-dwtriton`, runs 21 and 29).
+dwtriton`, runs 21 and 29, and `dwtune`, runs 22, 29 and 31).
 
 At batch 1 cuDNN runs each depthwise convolution in ~8 us (edgenext_small's 13 launches of `conv2d_c1_k1_nhwc`:
 106 us of its 514, run 19), several times what the map's bytes need; the taps (`torch_lowering._depthwise_taps`)

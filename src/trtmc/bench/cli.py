@@ -143,8 +143,8 @@ def add_bench(sub) -> None:
                      help="time with the bundles a --prepare-only run left in --workdir (their build times as recorded)")
     how.add_argument("--resume", action="store_true",
                      help="take every entry that an earlier run in the same --workdir finished, on this machine with "
-                          "these versions and the same entry settings, from its record (WORKDIR/timed/) instead of timing "
-                          "it again; the report says which. A long bench can so run as several shorter ones, e.g. "
+                          "these versions and the same entry settings (the host's kernel release may differ; the report "
+                          "lists each), from its record (WORKDIR/timed/) instead of timing it again; the report says which. A long bench can so run as several shorter ones, e.g. "
                           "--only A --only B, then --resume over all entries")
     default = TimingProtocol()
     how.add_argument("--warmups", type=int, metavar="N", help=f"warm-up rounds per row (default {default.warmups})")

@@ -463,7 +463,8 @@ def environment(device: str) -> dict[str, Any]:
         "trtmc_source": source_digest(),
         "torch": torch.__version__,
         "python": platform.python_version(),
-        "platform": platform.platform(),
+        "os": f"{platform.system()} {platform.machine()} {' '.join(platform.libc_ver())}".strip(),
+        "host_kernel": platform.release(),
         "device": device,
         # os.cpu_count() counts the host's CPUs; a container may let this process use fewer.
         "cpu_count": os.cpu_count(),
@@ -492,6 +493,18 @@ def environment(device: str) -> dict[str, Any]:
 
 
 RECORDS = "timed"  # the workdir folder of finished entries' records, which --resume reads
+
+# What a record may differ in from the run that takes it, the report listing every value: the lent GPU machines'
+# host kernel changed between two sessions while the GPU, its software and the code stayed (run 31 refused all 34
+# of run 30's records for it alone).
+HOST_DETAILS = ("host_kernel",)
+
+
+def same_machine(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two environments are one code on one machine and versions, but for `HOST_DETAILS`."""
+    def kept(env: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in env.items() if k not in HOST_DETAILS}
+    return kept(a) == kept(b)
 
 
 def _record_path(workdir: Path, entry: Entry) -> Path:
@@ -537,7 +550,9 @@ def _resumed_record(options: BenchOptions, entry: Entry, env: dict[str, Any]) ->
     record = _read_record(options.workdir, entry)
     if record is None:
         return None  # time the entry again
-    if (record["result"].entry, record["environment"], record["options"]) != (entry, env, _timed_with(options)):
+    if (record["result"].entry, record["options"]) != (entry, _timed_with(options)):
+        return None
+    if not same_machine(record["environment"], env):
         return None
     return record["result"], record["started"]
 
@@ -564,14 +579,17 @@ def recorded_result(entries: tuple[Entry, ...] | list[Entry], workdir: Path) -> 
             raise ValueError(f"{entry.name}'s record is of another definition of the entry: time it again")
         records[entry.name] = record
     first = next(iter(records.values()))
-    for key in ("environment", "options"):
-        differ = [name for name, record in records.items() if record[key] != first[key]]
+    for key, same in (("environment", same_machine), ("options", lambda a, b: a == b)):
+        differ = [name for name, record in records.items() if not same(record[key], first[key])]
         if differ:
             raise ValueError(f"records differ in {key} ({', '.join(differ)} against {entries[0].name}): "
                              "one report holds one code on one machine with one set of options")
+    env = dict(first["environment"])
+    for detail in HOST_DETAILS:
+        env[detail] = ", ".join(sorted({str(r["environment"].get(detail)) for r in records.values()}))
     device, backend, baselines = first["options"]
     options = BenchOptions(workdir=Path(workdir), device=device, baselines=baselines, backend=backend, resume=True)
-    return BenchResult(first["environment"], options, tuple(r["result"] for r in records.values()), started,
+    return BenchResult(env, options, tuple(r["result"] for r in records.values()), started,
                        time.perf_counter() - clock, {name: r["started"] for name, r in records.items()})
 
 
