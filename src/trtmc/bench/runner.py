@@ -507,6 +507,11 @@ def same_machine(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return kept(a) == kept(b)
 
 
+def _listing_hosts(env: dict[str, Any], envs: list[dict[str, Any]]) -> dict[str, Any]:
+    """`env` with each of `HOST_DETAILS` listing every value that it and `envs` hold, for a report of records."""
+    return {**env, **{detail: ", ".join(sorted({str(e.get(detail)) for e in [env, *envs]})) for detail in HOST_DETAILS}}
+
+
 def _record_path(workdir: Path, entry: Entry) -> Path:
     return Path(workdir) / RECORDS / f"{entry.name}.pickle"
 
@@ -543,10 +548,11 @@ def _read_record(workdir: Path, entry: Entry) -> dict[str, Any] | None:
         return None
 
 
-def _resumed_record(options: BenchOptions, entry: Entry, env: dict[str, Any]) -> tuple[EntryResult, str] | None:
-    """The result an earlier run timed for `entry` in this workdir, with that run's start, if the
-    entry is the same (model, precision, batch sizes, protocol...), and so are the environment
-    (machine, versions) and the options that make its rows (device, backend, baselines); None otherwise."""
+def _resumed_record(options: BenchOptions, entry: Entry, env: dict[str, Any]) -> dict[str, Any] | None:
+    """The record of the result an earlier run timed for `entry` in this workdir (its result, environment and
+    start), if the entry is the same (model, precision, batch sizes, protocol...), and so are the environment
+    (machine, versions: `same_machine`) and the options that make its rows (device, backend, baselines); None
+    otherwise."""
     record = _read_record(options.workdir, entry)
     if record is None:
         return None  # time the entry again
@@ -554,7 +560,7 @@ def _resumed_record(options: BenchOptions, entry: Entry, env: dict[str, Any]) ->
         return None
     if not same_machine(record["environment"], env):
         return None
-    return record["result"], record["started"]
+    return record
 
 
 def recorded_entries(entries: tuple[Entry, ...] | list[Entry], workdir: Path) -> list[Entry]:
@@ -584,9 +590,7 @@ def recorded_result(entries: tuple[Entry, ...] | list[Entry], workdir: Path) -> 
         if differ:
             raise ValueError(f"records differ in {key} ({', '.join(differ)} against {entries[0].name}): "
                              "one report holds one code on one machine with one set of options")
-    env = dict(first["environment"])
-    for detail in HOST_DETAILS:
-        env[detail] = ", ".join(sorted({str(r["environment"].get(detail)) for r in records.values()}))
+    env = _listing_hosts(first["environment"], [r["environment"] for r in records.values()])
     device, backend, baselines = first["options"]
     options = BenchOptions(workdir=Path(workdir), device=device, baselines=baselines, backend=backend, resume=True)
     return BenchResult(env, options, tuple(r["result"] for r in records.values()), started,
@@ -612,11 +616,12 @@ def run_bench(
     started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     started = time.perf_counter()
     env = environment(options.device)
-    results, resumed = [], {}
+    results, resumed, resumed_envs = [], {}, []
     host = HostSpeed()
 
     def so_far() -> BenchResult:
-        return BenchResult(env, options, tuple(results), started_at, time.perf_counter() - started, dict(resumed))
+        return BenchResult(_listing_hosts(env, resumed_envs), options, tuple(results), started_at,
+                           time.perf_counter() - started, dict(resumed))
 
     # Every compile here (the baselines' first calls, trtmc's engines from their caches) runs in this process:
     # a pool of compile workers would start a process per core beside the rounds, and stop and start again
@@ -626,9 +631,10 @@ def run_bench(
             prefix = f"[{index}/{len(entries)} {entry.name}]"
             earlier = _resumed_record(options, entry, env) if options.resume else None
             if earlier is not None:
-                results.append(earlier[0])
-                resumed[entry.name] = earlier[1]
-                progress(f"{prefix} {earlier[0].status}: timed by the run started {earlier[1]} (--resume)")
+                results.append(earlier["result"])
+                resumed[entry.name] = earlier["started"]
+                resumed_envs.append(earlier["environment"])
+                progress(f"{prefix} {earlier['result'].status}: timed by the run started {earlier['started']} (--resume)")
             else:
                 results.append(run_entry(entry, options, prepare=prepare, clock_for=clock_for,
                                          progress=lambda m, p=prefix: progress(f"{p} {m}"), host=host))
