@@ -329,7 +329,7 @@ def row_kernel(tile: RowTile, taps_major: bool = False, dtype: torch.dtype | Non
 
 def window_kernel(rows: int, cols: int, block_c: int, warps: int):
     """The window kernel (`depthwise_window_kernel`) at a tile, its taps laid out as `taps_major_weights` lays them
-    out for the row kernel (each tap's channels one float32 vector)."""
+    out for it in the engine (each tap's channels one float32 vector)."""
     return stride_one(depthwise_window_kernel, rows, cols, block_c, warps, taps_major=True, dtype=torch.float32)
 
 

@@ -309,8 +309,8 @@ def taps_major_weights(module: torch.nn.Module, kernels: Mapping[str, DepthwiseK
     channels once; from channels-last weights ([C, kh * kw]) that is one scalar load and conversion per channel and
     tap, from these one vector (run 29, H100, on the row kernel before the window kernel, convnext_tiny's 18
     convolutions one at a time at batch 128: 3,915 us channels-last, 2,456 taps-major in half precision, 2,243 in
-    float32; cuDNN 2,927). Float32 holds a half or
-    bfloat16 weight exactly, so the sums are the same; the kernel reads any layout by its strides."""
+    float32; cuDNN 2,927). Float32 holds a half or bfloat16 weight exactly, so the sums are the same; the kernel
+    reads any layout by its strides."""
     for kernel in kernels.values():
         a = kernel.convolution.attrs
         name = buffer_name(a.weight)

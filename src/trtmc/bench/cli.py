@@ -144,8 +144,9 @@ def add_bench(sub) -> None:
     how.add_argument("--resume", action="store_true",
                      help="take every entry that an earlier run in the same --workdir finished, on this machine with "
                           "these versions and the same entry settings (the host's kernel release may differ; the report "
-                          "lists each), from its record (WORKDIR/timed/) instead of timing it again; the report says which. A long bench can so run as several shorter ones, e.g. "
-                          "--only A --only B, then --resume over all entries")
+                          "lists each), from its record (WORKDIR/timed/) instead of timing it again; the report says "
+                          "which. A long bench can so run as several shorter ones, e.g. --only A --only B, then "
+                          "--resume over all entries")
     default = TimingProtocol()
     how.add_argument("--warmups", type=int, metavar="N", help=f"warm-up rounds per row (default {default.warmups})")
     how.add_argument("--iters", type=int, metavar="N", help=f"measured rounds per row (default {default.iters})")

@@ -558,9 +558,7 @@ def _resumed_record(options: BenchOptions, entry: Entry, env: dict[str, Any]) ->
         return None  # time the entry again
     if (record["result"].entry, record["options"]) != (entry, _timed_with(options)):
         return None
-    if not same_machine(record["environment"], env):
-        return None
-    return record
+    return record if same_machine(record["environment"], env) else None
 
 
 def recorded_entries(entries: tuple[Entry, ...] | list[Entry], workdir: Path) -> list[Entry]:
