@@ -4,8 +4,8 @@ the compiled graph that runs the chosen one.
 The plain lowering runs depthwise convolutions as fused taps and 1x1 convolutions on 1x1 maps as products
 where those measured faster (`torch_lowering`); the cuDNN-fused one also runs each half-precision convolution
 with its bias, residual add and ReLU as one cuDNN call (`fused_convolutions`); the depthwise-kernel one runs
-the depthwise convolutions the plain one leaves to cuDNN on trtmc's Triton kernel (`depthwise_kernel`, at
-batch 1); the GEMM-templates one lets Inductor pick each matrix product's kernel among its Triton templates and
+the depthwise convolutions the plain one leaves to cuDNN on trtmc's Triton kernels (`depthwise_kernel`); the
+GEMM-templates one lets Inductor pick each matrix product's kernel among its Triton templates and
 cuBLAS by timing them (in transformers, at batch 1). A build compiles each candidate, replays it in a CUDA
 graph, times them interleaved under the GPU's timing lock (`gpu_lock`) and records the choice in the engine's
 record (`LOWERINGS`); loading compiles the recorded one from the caches.
@@ -47,9 +47,9 @@ LAUNCH_DEPENDENTS_EARLY = False
 PDL = "triton.enable_pdl"
 
 # trtmc's Triton depthwise kernels (`depthwise_kernel`) as a candidate where cuDNN runs at least `MIN_ON_KERNEL`
-# depthwise convolutions, at batch sizes above 1 only where at least `MIN_ON_KERNEL` of them are `WIDE_KERNEL` x
-# `WIDE_KERNEL` or wider: at batch 1 cuDNN takes ~8 us for each (edgenext_small, run 19), a few times what the map's
-# bytes need; fewer than 4 of them cannot pay for the candidate's compile (~30 s of a build). Measured
+# depthwise convolutions, at batch sizes above 1 only where the window kernel runs at least `MIN_ON_KERNEL` of
+# them (stride 1, up to 9x9; `on_window`): at batch 1 cuDNN takes ~8 us for each (edgenext_small, run 19), a few
+# times what the map's bytes need; fewer than 4 of them cannot pay for the candidate's compile (~30 s of a build). Measured
 # (`gpu_session.sh dwtriton`, H100): run 21, batch 1, the flat kernel: edgenext_small 0.516 -> 0.465 ms,
 # convnext_tiny 0.555 -> 0.489, efficientnet_b0 0.422 -> 0.412, ghostnet_100 (2 on the kernel) 0.341 -> 0.358, every
 # model slower at batch 128 (run 28 with the tile of run 22: edgenext_small -1.4%, fastvit_t8 +3.9%). Run 29, the
@@ -59,11 +59,11 @@ PDL = "triton.enable_pdl"
 # and 5x5 ones are not measured at batch 128 in their engines, and one at a time overpredicted convnext_tiny's gain
 # fourfold). Since run 31 the window kernel runs them (one at a time at batch 128: convnext_tiny's 18 in 1,422 us
 # against the row kernel's 2,243, edgenext_small's 21 in 505 against 777; edgenext's 3x3 ones 2-3x quicker than
-# cuDNN's, so networks of 3x3 ones may gain too: not yet measured in an engine, nor offered). A build times the
-# candidate against the plain lowering and keeps the faster.
+# cuDNN's, so since run 32 networks of 3x3 and 5x5 ones are offered the candidate at batch 128 too, where before
+# only those with four 7x7 or wider were; the strided ones still run on the flat kernel in it, as in mixnet_s's and
+# fastvit_t8's engines since run 30). A build times the candidate against the plain lowering and keeps the faster.
 DEPTHWISE_KERNEL_AT_BUILD = True
 MIN_ON_KERNEL = 4
-WIDE_KERNEL = 7
 
 # Inductor's Triton GEMM templates beside cuBLAS (`max_autotune_gemm`: each matrix product's choices benchmarked
 # at compile, the winner's bias and activation fused into its epilogue) as a candidate where the graph has at
@@ -167,7 +167,7 @@ def lowering_candidates(graph: Graph, batch: int, depthwise_kernel: bool | None 
     and slower on the other 5, for a second compile of the graph (ghostnet_100: 43 s of a 139 s build).
     `depthwise_kernel` (default `DEPTHWISE_KERNEL_AT_BUILD`; a loaded engine passes True, so that a bundle whose
     build chose it runs it) also offers the depthwise-kernel lowering where cuDNN would run at least
-    `MIN_ON_KERNEL` depthwise convolutions (above batch 1, at least `MIN_ON_KERNEL` of `WIDE_KERNEL` or wider).
+    `MIN_ON_KERNEL` depthwise convolutions (above batch 1, at least `MIN_ON_KERNEL` that the window kernel runs).
     `gemm_templates` (default `GEMM_TEMPLATES_AT_BUILD`) likewise offers the GEMM-templates lowering up to
     `GEMM_TEMPLATES_MAX_BATCH` where
     the graph has at least `MIN_GEMMS` matrix products of at most `MAX_GEMM_SHAPES` shapes (`gemm_templates_pay`);
@@ -183,8 +183,7 @@ def lowering_candidates(graph: Graph, batch: int, depthwise_kernel: bool | None 
     if not mostly_taps and fused_convolutions(graph, exclude=plain.rewritten):
         candidates[FUSED] = replace(plain, fused=True)
     on_cudnn = [graph.node(name) for name in depthwise if name not in plain.taps]
-    wide = [n for n in on_cudnn if min(graph.weights[n.attrs.weight].shape[2:]) >= WIDE_KERNEL]
-    kernel_pays = len(on_cudnn) >= MIN_ON_KERNEL and (batch == 1 or len(wide) >= MIN_ON_KERNEL)
+    kernel_pays = len(on_cudnn if batch == 1 else _on_window(on_cudnn, graph)) >= MIN_ON_KERNEL
     offered = DEPTHWISE_KERNEL_AT_BUILD if depthwise_kernel is None else depthwise_kernel
     if offered and kernel_pays:
         candidates[KERNEL] = replace(plain, depthwise_kernel=True)
@@ -195,6 +194,14 @@ def lowering_candidates(graph: Graph, batch: int, depthwise_kernel: bool | None 
     if offered:
         candidates[GEMM] = replace(plain, depthwise_kernel=kernel_pays, gemm_templates=True)
     return candidates
+
+
+def _on_window(convolutions: list[Node], graph: Graph) -> list[Node]:
+    """Those of these depthwise convolutions that the window kernel runs (stride 1, no dilation, up to 9x9)."""
+    from .depthwise_kernel import on_window  # imports Triton: only where a graph has depthwise convolutions
+
+    return [n for n in convolutions
+            if on_window(graph.weights[n.attrs.weight].shape[2:], n.attrs.stride, n.attrs.dilation)]
 
 
 def _gemms(graph: Graph) -> list[Node]:
