@@ -168,6 +168,46 @@ def test_the_traced_module_calls_the_op_once_per_depthwise_convolution_and_taps_
     assert depthwise_kernels(graph, exclude=frozenset({"blocks.0.conv_dw"})) == {}
 
 
+class _Hopper:
+    """What Triton's driver would tell of an H100 or H200 (its compile target): enough for the analysis Inductor runs
+    on a user kernel's Triton IR, which asks the driver for its target and nothing else."""
+
+    def get_current_target(self):
+        from triton.backends.compiler import GPUTarget
+
+        return GPUTarget("cuda", 90, 32)
+
+
+def test_traced_for_inductor_on_cuda_the_op_is_its_triton_kernel_which_writes_only_its_output():
+    # A triton_op: Inductor compiles the kernel with its own and stores it in the caches a bundle carries, and a
+    # kernel that wrote its inputs would make Inductor copy them first. Traced as Inductor's front end traces it
+    # (AOTAutograd), with fake CUDA tensors: no GPU needed.
+    from unittest import mock
+
+    from torch._functorch.aot_autograd import aot_function
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+    from triton.runtime.driver import DriverConfig
+
+    fake = FakeTensorMode()
+
+    def cuda(*shape, dtype=torch.float16):
+        return FakeTensor(fake, torch.empty(shape, dtype=dtype, device="meta"), torch.device("cuda"))
+
+    def two_convolutions(x, w7, w3, bias):
+        y = torch.ops.trtmc.depthwise_conv2d(x, w7, bias, [1, 1], [3, 3], [1, 1], [12, 12])  # the window kernel
+        return torch.ops.trtmc.depthwise_conv2d(y, w3, None, [2, 2], [1, 1], [1, 1], [6, 6])  # the flat one
+
+    graphs = []
+    with fake, torch.no_grad(), mock.patch.object(DriverConfig, "active", property(lambda _: _Hopper())):
+        x = cuda(2, 16, 12, 12).contiguous(memory_format=torch.channels_last)
+        aot_function(two_convolutions, fw_compiler=lambda gm, _: graphs.append(gm) or gm)(
+            x, cuda(16, 1, 7, 7, dtype=torch.float32), cuda(16, 1, 3, 3), cuda(16))
+    launches = [n for n in graphs[0].graph.nodes if n.target is torch.ops.higher_order.triton_kernel_wrapper_functional]
+    assert [(n.kwargs["kwargs"]["kh"], n.kwargs["tensors_to_clone"]) for n in launches] == [(7, ["out_ptr"]),
+                                                                                         (3, ["out_ptr"])]
+    assert "rows" in launches[0].kwargs["kwargs"] and "block_p" in launches[1].kwargs["kwargs"]
+
+
 def _depthwise_stack(blocks: int, kernel: int, precision: str = "fp32"):
     """`blocks` depthwise convolutions of one kernel size, each followed by a 1x1 one, as in a ConvNeXt stage."""
     rng = np.random.default_rng(blocks * kernel)

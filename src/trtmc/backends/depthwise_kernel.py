@@ -20,11 +20,16 @@ at a time at batch 128: convnext_tiny's 18 7x7 convolutions in 1,422 us against 
 cuDNN's 2,914; edgenext_small's 21 in 505 against 777 and 1,617). Its taps must be laid out for it
 (`taps_major_weights`).
 
-`trtmc::depthwise_conv2d` is the custom op Inductor keeps as one extern call; on a CPU it computes the same
-function with `F.conv2d` in float32 (the tests compare the kernels with it under Triton's interpreter).
+`trtmc::depthwise_conv2d` is a `torch.library.triton_op`: Inductor traces into it and compiles the kernel as one of
+its own, in its compile workers and into the caches a bundle carries. As an opaque custom op (until run 32) the
+kernel compiled at its first call in each process, outside those caches: in run 32's bench process the bundles that
+kept it loaded in 2.3 s (fastvit_t8) to 91.9 s (mixnet_s; edgenext_small 53.1 s, convnext_tiny 16.9 s), the others
+in 0.6-9.6 s. Whether a load now takes the kernel from the bundle is not yet measured on the GPU. On a CPU the op
+computes the same function with `F.conv2d` in float32 (the tests compare the kernels with it under Triton's
+interpreter).
 """
 
-# No `from __future__ import annotations`: `torch.library.custom_op` reads the op's signature from its annotations.
+# No `from __future__ import annotations`: `torch.library.triton_op` reads the op's signature from its annotations.
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional
 
@@ -32,6 +37,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from torch.library import triton_op, wrap_triton
 
 from ..graph import Graph, Node
 from .torch_lowering import buffer_name, is_depthwise
@@ -54,8 +60,8 @@ class Tile:
 # row loop ran about as fast as unrolled taps in run 21's tile (convnext_tiny 137 against 144 us, edgenext_small
 # 104 against 100) and keeps Triton's compile ~1 s at any size, where unrolled taps grow it (sm_90 on a 2-core CPU,
 # tools/depthwise_kernel_compile_time.py: 7x7 21 s, 9x9 60 s, 11x11 138 s; mixnet_s's build spent 116-148 s on
-# them in run 21). The compile runs at the kernel's first call in each process, outside the caches a bundle
-# carries.
+# them in run 21). Until run 32 the compile ran at the kernel's first call in each process, outside the caches a
+# bundle carries; Inductor compiles it now (`depthwise_conv2d`).
 TILE = Tile(pixels=32, channels=32, warps=2, unroll_rows=False)
 
 
@@ -236,7 +242,7 @@ def depthwise_conv2d_triton(
         t = WINDOW_TILE
         grid = (n * triton.cdiv(out_size[0], t.rows), triton.cdiv(out_size[1], t.columns),
                 triton.cdiv(channels, t.channels))
-        depthwise_window_kernel[grid](
+        wrap_triton(depthwise_window_kernel)[grid](
             x, weight, weight if bias is None else bias, out, height, width, channels, out_size[0], out_size[1],
             weight.stride(0), weight.stride(2), weight.stride(3), origin[0], origin[1], weight.shape[2],
             weight.shape[3], bias is not None, t.rows, t.columns, t.channels, num_warps=t.warps,
@@ -245,7 +251,7 @@ def depthwise_conv2d_triton(
     taps = weight.reshape(channels, -1).contiguous()
     pixels = n * out_size[0] * out_size[1]
     grid = (triton.cdiv(pixels, TILE.pixels), triton.cdiv(channels, TILE.channels))
-    depthwise_conv2d_kernel[grid](
+    wrap_triton(depthwise_conv2d_kernel)[grid](
         x, taps, taps if bias is None else bias, out, pixels, height, width, channels, out_size[0], out_size[1],
         stride[0], stride[1], origin[0], origin[1], dilation[0], dilation[1], weight.shape[2], weight.shape[3],
         bias is not None, TILE.pixels, TILE.channels, TILE.unroll_rows, num_warps=TILE.warps,
@@ -263,21 +269,17 @@ def _reference(x, weight, bias, stride, origin, dilation, out_size) -> torch.Ten
     return y.to(x.dtype).contiguous(memory_format=torch.channels_last)
 
 
-@torch.library.custom_op("trtmc::depthwise_conv2d", mutates_args=())
+@triton_op("trtmc::depthwise_conv2d", mutates_args=())
 def depthwise_conv2d(
     x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
     stride: list[int], origin: list[int], dilation: list[int], out_size: list[int],
 ) -> torch.Tensor:
-    """conv2d(x, weight, groups=C) + bias as one Triton kernel on CUDA; channels-last out."""
+    """conv2d(x, weight, groups=C) + bias as one Triton kernel on CUDA; channels-last out. A `triton_op`, so that
+    Inductor compiles the kernel as one of its own (with its compile workers, into the caches a bundle carries) and
+    a load does not compile it again."""
     if x.is_cuda:
         return depthwise_conv2d_triton(x, weight, bias, stride, origin, dilation, out_size)
     return _reference(x, weight, bias, stride, origin, dilation, out_size)
-
-
-@depthwise_conv2d.register_fake
-def _depthwise_conv2d_fake(x, weight, bias, stride, origin, dilation, out_size):
-    return torch.empty((x.shape[0], x.shape[1], *out_size), dtype=x.dtype, device=x.device,
-                       memory_format=torch.channels_last)
 
 
 @dataclass(frozen=True)
