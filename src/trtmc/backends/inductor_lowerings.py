@@ -49,8 +49,8 @@ PDL = "triton.enable_pdl"
 # trtmc's Triton depthwise kernels (`depthwise_kernel`) as a candidate where cuDNN runs at least `MIN_ON_KERNEL`
 # depthwise convolutions, at batch sizes above 1 only where the window kernel runs at least `MIN_ON_KERNEL` of
 # them (stride 1, up to 9x9; `on_window`): at batch 1 cuDNN takes ~8 us for each (edgenext_small, run 19), a few
-# times what the map's bytes need; fewer than 4 of them cannot pay for the candidate's compile (~30 s of a build). Measured
-# (`gpu_session.sh dwtriton`, H100): run 21, batch 1, the flat kernel: edgenext_small 0.516 -> 0.465 ms,
+# times what the map's bytes need; fewer than 4 of them cannot pay for the candidate's compile (~30 s of a build).
+# Measured (`gpu_session.sh dwtriton`, H100): run 21, batch 1, the flat kernel: edgenext_small 0.516 -> 0.465 ms,
 # convnext_tiny 0.555 -> 0.489, efficientnet_b0 0.422 -> 0.412, ghostnet_100 (2 on the kernel) 0.341 -> 0.358, every
 # model slower at batch 128 (run 28 with the tile of run 22: edgenext_small -1.4%, fastvit_t8 +3.9%). Run 29, the
 # row kernel for stride 1 with its taps laid out for it (`taps_major_weights`), batch 1: convnext_tiny 0.552 ->
@@ -62,6 +62,10 @@ PDL = "triton.enable_pdl"
 # cuDNN's, so since run 32 networks of 3x3 and 5x5 ones are offered the candidate at batch 128 too, where before
 # only those with four 7x7 or wider were; the strided ones still run on the flat kernel in it, as in mixnet_s's and
 # fastvit_t8's engines since run 30). A build times the candidate against the plain lowering and keeps the faster.
+# Run 32 (the bench's builds, H100, batch 128): of the 13 networks newly offered it, it timed quicker than the plain
+# lowering on 5 (xception65 -10.2%, tf_efficientnetv2_s -4.5%, mobileone_s1 -3.6%, mobilenetv4_conv_small -3.4%,
+# efficientvit_b1 -0.2%) and slower on 8 (+2.3% lcnet_100 to +18.2% hardcorenas_a; ghostnet_100 +9.6%,
+# efficientnet_b0 +5.5%); only tf_efficientnetv2_s kept it, the cuDNN-fused lowering being quicker still on three.
 DEPTHWISE_KERNEL_AT_BUILD = True
 MIN_ON_KERNEL = 4
 
