@@ -280,8 +280,8 @@ def test_a_lowering_is_never_both_cudnn_fused_and_on_the_depthwise_kernel():
 
 @pytest.mark.slow
 def test_an_engine_whose_build_chose_the_depthwise_kernel_runs_it_whatever_the_build_default():
-    # torch.compile runs on the CPU too (the custom op an extern call, its CPU path F.conv2d): the record's choice is
-    # honoured at load whether or not builds offer the candidate (`DEPTHWISE_KERNEL_AT_BUILD`).
+    # torch.compile runs on the CPU too (Inductor traces the triton_op into its CPU path, F.conv2d): the record's
+    # choice is honoured at load whether or not builds offer the candidate (`DEPTHWISE_KERNEL_AT_BUILD`).
     graph = _depthwise_stack(4, 7, "fp16")
     compiled = compile_cuda(graph, {LOWERINGS: {"1": {"chosen": KERNEL}}})
     pixels = torch.rand((1, 16, 12, 12), generator=torch.Generator().manual_seed(3)).half()

@@ -50,7 +50,7 @@ def target_line(name: str, batch: int, trtmc: float | None, expert: float | None
     return "; ".join(met)
 
 
-CHOICE = re.compile(r"\[prepare (\S+)\] build: batch (\d+): (.*); kept (\S+)")
+CHOICE = re.compile(r"\[prepare (\S+)\] build: batch (\d+): (.*?); kept ([\w-]+)")
 
 
 def build_choices(logs: list[str]) -> dict[tuple[str, int], tuple[str, float]]:

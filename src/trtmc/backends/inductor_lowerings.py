@@ -275,7 +275,8 @@ def choose_lowering(compiled: "CompiledCuda", graph: Graph, example: torch.Tenso
     torch.cuda.empty_cache()
     fastest = min(ms, key=ms.get)
     chosen = fastest if ms[fastest] < ms[PLAIN] * (1 - MIN_GAIN) else PLAIN
-    progress(f"batch {batch}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in ms.items()) + f"; kept {chosen}")
+    failed = "".join(f"; {name} failed ({error[:200]})" for name, error in errors.items())
+    progress(f"batch {batch}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in ms.items()) + f"; kept {chosen}{failed}")
     return LoweringChoice(chosen, ms, errors)
 
 
