@@ -102,6 +102,7 @@ def window_tile(batch: int, width: int, kernel: int) -> WindowTile:
         return SEVEN_WIDE_TILE
     return WINDOW_TILE
 
+
 # Triton unrolls the whole window, and its compile grows with it (run 30, sm_90a on a 2-core CPU, Triton 3.6: 7x7
 # ~8 s, 9x9 ~25 s); a wider stride-1 kernel runs on the flat kernel, whose loop over the rows compiles in ~1 s.
 WINDOW_MAX_KERNEL = 9
