@@ -3,10 +3,11 @@
 Compiles the row kernel of runs 29-30 (tools/depthwise_kernel_tune.py's `depthwise_rows_kernel` at `ROW_TILE`)
 and the product's window kernel (`depthwise_window_kernel`, `window R S C N`) for sm_90a with Triton, specialized as
 a launch on one of convnext_tiny's 7x7 convolutions specializes them (taps laid out tap by tap in float32, as
-`taps_major_weights` lays them out; 16-divisible sizes and strides marked so, a stride of 1 made a constant), without a GPU; counts the SASS
-instructions of one thread (`cuobjdump -sass`, bundled with Triton) and reads its registers and spills (`ptxas -v`).
-Multiply-adds per thread against all instructions per thread is what the kernel issues for its arithmetic; the
-compile time is Triton's, in this process (run it with an empty TRITON_CACHE_DIR to time a cold compile).
+`taps_major_weights` lays them out; 16-divisible sizes and strides marked so, a stride of 1 made a constant),
+without a GPU; counts the SASS instructions of one thread (`cuobjdump -sass`, bundled with Triton) and reads its
+registers and spills (`ptxas -v`). Multiply-adds per thread against all instructions per thread is what the kernel
+issues for its arithmetic; the compile time is Triton's, in this process (run it with an empty TRITON_CACHE_DIR to
+time a cold compile).
 
     PYTHONPATH=src:tools python3 tools/depthwise_kernel_sass.py [--kernel 7] [--channels 96] [--width 56]
         [--window "4 4 64 1" ...]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import operator
 import os
 import platform
 import time
@@ -583,7 +584,7 @@ def recorded_result(entries: tuple[Entry, ...] | list[Entry], workdir: Path) -> 
             raise ValueError(f"{entry.name}'s record is of another definition of the entry: time it again")
         records[entry.name] = record
     first = next(iter(records.values()))
-    for key, same in (("environment", same_machine), ("options", lambda a, b: a == b)):
+    for key, same in (("environment", same_machine), ("options", operator.eq)):
         differ = [name for name, record in records.items() if not same(record[key], first[key])]
         if differ:
             raise ValueError(f"records differ in {key} ({', '.join(differ)} against {entries[0].name}): "
@@ -632,7 +633,8 @@ def run_bench(
                 results.append(earlier["result"])
                 resumed[entry.name] = earlier["started"]
                 resumed_envs.append(earlier["environment"])
-                progress(f"{prefix} {earlier['result'].status}: timed by the run started {earlier['started']} (--resume)")
+                progress(f"{prefix} {earlier['result'].status}: timed by the run started {earlier['started']} "
+                         "(--resume)")
             else:
                 results.append(run_entry(entry, options, prepare=prepare, clock_for=clock_for,
                                          progress=lambda m, p=prefix: progress(f"{p} {m}"), host=host))
