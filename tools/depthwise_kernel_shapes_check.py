@@ -1,6 +1,10 @@
 """The Triton depthwise kernel on the real shapes of networks, under Triton's interpreter (a CPU runs it there).
 
     TRITON_INTERPRET=1 PYTHONPATH=src python tools/depthwise_kernel_shapes_check.py ARCH... [--batch N]
+    PYTHONPATH=src python tools/depthwise_kernel_shapes_check.py ARCH... [--batch N] --device cuda
+
+With `--device cuda` (a GPU machine) each convolution is `trtmc::depthwise_conv2d` compiled by Inductor
+(`torch.compile`, full graph, afresh for each shape): the `triton_op` path a build takes, on the GPU's own Triton.
 
 For each architecture (random weights, fp16, the graph `trtmc build` prepares), every distinct depthwise convolution
 that `tools/depthwise_taps_probe.py`'s "the engine, the rest triton" variant puts on the kernel at the batch size
@@ -27,7 +31,13 @@ from probe_common import random_fp16_graph
 ONE_ROUNDING = 2.0**-10
 
 
-def check(arch: str, batch: int) -> bool:
+def compiled_op(*args):
+    """The op as a build runs it on CUDA: traced into by Inductor, its Triton kernel compiled as Inductor's own."""
+    torch._dynamo.reset()
+    return torch.compile(lambda *a: torch.ops.trtmc.depthwise_conv2d(*a), fullgraph=True)(*args)
+
+
+def check(arch: str, batch: int, device: str) -> bool:
     graph = random_fp16_graph(arch)
     seen, good = set(), True
     for name, kernel in depthwise_kernels(graph, exclude=depthwise_taps_nodes(graph, batch)).items():
@@ -41,7 +51,11 @@ def check(arch: str, batch: int) -> bool:
         weight = torch.from_numpy(graph.weights[a.weight]).half()
         bias = torch.from_numpy(graph.weights[a.bias]).half() if a.bias else None
         started = time.perf_counter()
-        out = depthwise_conv2d_triton(x, weight, bias, *args).float()
+        if device == "cuda":
+            on_gpu = (x.cuda(), weight.cuda(), None if bias is None else bias.cuda())
+            out = compiled_op(*on_gpu, *args).float().cpu()
+        else:
+            out = depthwise_conv2d_triton(x, weight, bias, *args).float()
         reference = depthwise_conv2d(x, weight, bias, *args).float()  # on a CPU: F.conv2d in float32
         error = float((out - reference).abs().max() / reference.abs().max())
         good &= error <= ONE_ROUNDING
@@ -54,8 +68,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("archs", nargs="+")
     parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="cpu: the kernel under Triton's interpreter; cuda: the op compiled by Inductor")
     args = parser.parse_args()
-    results = [check(arch, args.batch) for arch in args.archs]
+    results = [check(arch, args.batch, args.device) for arch in args.archs]
     sys.exit(0 if all(results) else 1)
 
 
