@@ -4,7 +4,8 @@
     PYTHONPATH=src python tools/depthwise_kernel_shapes_check.py ARCH... [--batch N] --device cuda
 
 With `--device cuda` (a GPU machine) each convolution is `trtmc::depthwise_conv2d` compiled by Inductor
-(`torch.compile`, full graph, afresh for each shape): the `triton_op` path a build takes, on the GPU's own Triton.
+(`torch.compile`, full graph, afresh for each shape), as a build compiles it, on the GPU's own Triton (run 33: the
+first shape's compile took 52.8 s on an H100 machine, so give it minutes).
 
 For each architecture (random weights, fp16, the graph `trtmc build` prepares), every distinct depthwise convolution
 that `tools/depthwise_taps_probe.py`'s "the engine, the rest triton" variant puts on the kernel at the batch size

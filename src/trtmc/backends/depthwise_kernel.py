@@ -11,7 +11,7 @@ fused kernel per tap. Its tile (`TILE`: 32 pixels x 32 channels in 2 warps, a lo
 quickest that `tools/depthwise_kernel_tune.py` found at batch 1 (run 22).
 
 A convolution of stride 1 without dilation and a kernel up to `WINDOW_MAX_KERNEL` wide (most of them: every one of
-convnext_tiny's and edgenext_small's) runs on the window kernel instead (`depthwise_window_kernel`, `window_tile`): a
+convnext_tiny's and edgenext_small's) runs on the window kernel instead (`depthwise_window_kernel`, `WINDOW_TILE`): a
 program computes a window of output pixels, each pixel's channels an accumulator of their own and each tap's
 channels held for the whole program, and loads each input pixel of the window once, adding it into every output
 pixel that uses it: (rows + kh - 1) * (columns + kw - 1) loads for rows * columns * kh * kw multiply-adds, where the
@@ -20,16 +20,11 @@ at a time at batch 128: convnext_tiny's 18 7x7 convolutions in 1,422 us against 
 cuDNN's 2,914; edgenext_small's 21 in 505 against 777 and 1,617). Its taps must be laid out for it
 (`taps_major_weights`).
 
-`trtmc::depthwise_conv2d` is a `torch.library.triton_op`: Inductor traces into it and compiles the kernel as one of
-its own, in its compile workers and into the caches a bundle carries. As an opaque custom op (until run 32) the
-kernel compiled at its first call in each process, outside those caches: in run 32's bench process the bundles that
-kept it loaded in 2.3 s (fastvit_t8) to 91.9 s (mixnet_s; edgenext_small 53.1 s, convnext_tiny 16.9 s), the others
-in 0.6-9.6 s. Whether a load now takes the kernel from the bundle is not yet measured on the GPU. On a CPU the op
-computes the same function with `F.conv2d` in float32 (the tests compare the kernels with it under Triton's
-interpreter).
+`trtmc::depthwise_conv2d` is the custom op Inductor keeps as one extern call; on a CPU it computes the same
+function with `F.conv2d` in float32 (the tests compare the kernels with it under Triton's interpreter).
 """
 
-# No `from __future__ import annotations`: `torch.library.triton_op` reads the op's signature from its annotations.
+# No `from __future__ import annotations`: `torch.library.custom_op` reads the op's signature from its annotations.
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional
 
@@ -37,7 +32,6 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
 
 from ..graph import Graph, Node
 from .torch_lowering import buffer_name, is_depthwise
@@ -60,8 +54,8 @@ class Tile:
 # row loop ran about as fast as unrolled taps in run 21's tile (convnext_tiny 137 against 144 us, edgenext_small
 # 104 against 100) and keeps Triton's compile ~1 s at any size, where unrolled taps grow it (sm_90 on a 2-core CPU,
 # tools/depthwise_kernel_compile_time.py: 7x7 21 s, 9x9 60 s, 11x11 138 s; mixnet_s's build spent 116-148 s on
-# them in run 21). Until run 32 the compile ran at the kernel's first call in each process, outside the caches a
-# bundle carries; Inductor compiles it now (`depthwise_conv2d`).
+# them in run 21). The compile runs at the kernel's first call in each process, outside the caches a bundle
+# carries.
 TILE = Tile(pixels=32, channels=32, warps=2, unroll_rows=False)
 
 
@@ -87,21 +81,6 @@ class WindowTile:
 # convnext_tiny. Compiled on a CPU for sm_90a (tools/depthwise_kernel_sass.py, run 30): 1.75 instructions per
 # multiply-add against the row kernel's 2.48, no spills on Triton 3.6 or 3.8.
 WINDOW_TILE = WindowTile(rows=4, columns=4, channels=64, warps=1)
-
-# Run 31, the same probe at batch 128: 4 x 7 ran each of convnext_tiny's 7x7 convolutions, on maps 56, 28, 14 and 7
-# columns wide, 5-21% quicker than 4 x 4 (all 18 in 1,265 against 1,422 us), its windows ending on the map's edge;
-# on edgenext_small's maps of 8 to 64 columns, where a last window 7 wide runs partly outside the map, 1-59% slower
-# on every shape, and at batch 1 convnext_tiny's 18 took 129.8 us against 92.8 (fewer, longer programs).
-# So above batch 1 a 7x7 convolution (the only size measured on such maps) on a map whose width 7 divides takes it.
-SEVEN_WIDE_TILE = WindowTile(rows=4, columns=7, channels=64, warps=1)
-
-
-def window_tile(batch: int, width: int, kernel: int) -> WindowTile:
-    """The window kernel's tile for a `kernel` x `kernel` convolution whose output is `width` pixels wide."""
-    if batch > 1 and kernel == 7 and width % SEVEN_WIDE_TILE.columns == 0:
-        return SEVEN_WIDE_TILE
-    return WINDOW_TILE
-
 
 # Triton unrolls the whole window, and its compile grows with it (run 30, sm_90a on a 2-core CPU, Triton 3.6: 7x7
 # ~8 s, 9x9 ~25 s); a wider stride-1 kernel runs on the flat kernel, whose loop over the rows compiles in ~1 s.
@@ -254,10 +233,10 @@ def depthwise_conv2d_triton(
     x = x.contiguous(memory_format=torch.channels_last)
     out = torch.empty((n, channels, *out_size), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
     if on_window(weight.shape[2:], stride, dilation):
-        t = window_tile(n, out_size[1], weight.shape[3])
+        t = WINDOW_TILE
         grid = (n * triton.cdiv(out_size[0], t.rows), triton.cdiv(out_size[1], t.columns),
                 triton.cdiv(channels, t.channels))
-        wrap_triton(depthwise_window_kernel)[grid](
+        depthwise_window_kernel[grid](
             x, weight, weight if bias is None else bias, out, height, width, channels, out_size[0], out_size[1],
             weight.stride(0), weight.stride(2), weight.stride(3), origin[0], origin[1], weight.shape[2],
             weight.shape[3], bias is not None, t.rows, t.columns, t.channels, num_warps=t.warps,
@@ -266,7 +245,7 @@ def depthwise_conv2d_triton(
     taps = weight.reshape(channels, -1).contiguous()
     pixels = n * out_size[0] * out_size[1]
     grid = (triton.cdiv(pixels, TILE.pixels), triton.cdiv(channels, TILE.channels))
-    wrap_triton(depthwise_conv2d_kernel)[grid](
+    depthwise_conv2d_kernel[grid](
         x, taps, taps if bias is None else bias, out, pixels, height, width, channels, out_size[0], out_size[1],
         stride[0], stride[1], origin[0], origin[1], dilation[0], dilation[1], weight.shape[2], weight.shape[3],
         bias is not None, TILE.pixels, TILE.channels, TILE.unroll_rows, num_warps=TILE.warps,
@@ -284,17 +263,26 @@ def _reference(x, weight, bias, stride, origin, dilation, out_size) -> torch.Ten
     return y.to(x.dtype).contiguous(memory_format=torch.channels_last)
 
 
-@triton_op("trtmc::depthwise_conv2d", mutates_args=())
+# An extern call, not a `torch.library.triton_op` that Inductor compiles as one of its own kernels: run 33 (H100,
+# torch 2.11) tried that, and against run 32's extern call the candidate timed slower at build (efficientnet_b0
+# batch 1 0.347 ms against 0.314; convnext_tiny batch 128 6.907 against 6.661, with a 4 x 7 window beside it), the
+# builds that offer it took up to 6x longer (convnext_tiny's prepare 534 s against 90) and bundles that kept it still
+# loaded slowly (edgenext_small 74.5 s against 53.1).
+@torch.library.custom_op("trtmc::depthwise_conv2d", mutates_args=())
 def depthwise_conv2d(
     x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
     stride: list[int], origin: list[int], dilation: list[int], out_size: list[int],
 ) -> torch.Tensor:
-    """conv2d(x, weight, groups=C) + bias as one Triton kernel on CUDA; channels-last out. A `triton_op`, so that
-    Inductor compiles the kernel as one of its own (with its compile workers, into the caches a bundle carries) and
-    a load does not compile it again."""
+    """conv2d(x, weight, groups=C) + bias as one Triton kernel on CUDA; channels-last out."""
     if x.is_cuda:
         return depthwise_conv2d_triton(x, weight, bias, stride, origin, dilation, out_size)
     return _reference(x, weight, bias, stride, origin, dilation, out_size)
+
+
+@depthwise_conv2d.register_fake
+def _depthwise_conv2d_fake(x, weight, bias, stride, origin, dilation, out_size):
+    return torch.empty((x.shape[0], x.shape[1], *out_size), dtype=x.dtype, device=x.device,
+                       memory_format=torch.channels_last)
 
 
 @dataclass(frozen=True)
