@@ -33,7 +33,7 @@ ONE_ROUNDING = 2.0**-10
 
 
 def compiled_op(*args):
-    """The op as a build runs it on CUDA: traced into by Inductor, its Triton kernel compiled as Inductor's own."""
+    """The op as a build's graph runs it on CUDA: compiled by Inductor (the op an extern call there), afresh."""
     torch._dynamo.reset()
     return torch.compile(lambda *a: torch.ops.trtmc.depthwise_conv2d(*a), fullgraph=True)(*args)
 
