@@ -8,9 +8,9 @@
 #                default) for lite0 twice, ghostnet_100 and resnet50, then lite0 `--compiled` for comparison
 #   coldkernel   convnext_tiny's bundle (the bench's where a bench ran here, else one built at batch 1: random weights,
 #                its build keeps trtmc's Triton depthwise kernel), then `trtmc -v classify BUNDLE chelsea.png --compiled`
-#                as `cold` runs it, the kernel's compile on a machine whose Triton cache never saw it, and again under
-#                cProfile: load.prof, load-profile.txt (by cumulative time) and load-kernels.txt (the Triton cache's
-#                kernels after the load, each with its folder)
+#                as `cold` runs it, the kernel's compile on a machine whose Triton cache never saw it, then under
+#                cProfile in empty caches and again in the caches that left (load-{cold,warm}.prof and .txt, by
+#                cumulative time) and load-kernels.txt (the Triton cache's kernels after the loads, each with its folder)
 #   buildalone   a user's build, alone on the machine (all CPUs, nothing beside it; the bench's prepare runs 14):
 #                `trtmc -v build` at max batch 128, fp16, of each of BUILD_ARCHS (default vit_base_patch16_224, whose
 #                gemm-templates candidate took 149 s of a 181 s build in run 25's prepare), random weights, in
@@ -187,8 +187,7 @@ cold() {  # builds the bundles first where `bundles` has not (run 24's `cold` al
 }
 
 coldkernel() {  # convnext_tiny, whose build keeps trtmc's Triton depthwise kernel at batch 1: the compiled first
-    # answer in a fresh process whose Triton cache never saw the kernel, then again under cProfile (load.prof and
-    # load-profile.txt: where the load spends its time) with the kernels its Triton cache ends with (load-kernels.txt)
+    # answer in a fresh process whose Triton cache never saw the kernel, then where loads spend their time
     local bundle=/tmp/bw/bundles/convnext_tiny-fp16-inductor.bundle caches  # the bench's, where a bench ran here
     if [ ! -f "$bundle" ]; then
         random_checkpoints convnext_tiny
@@ -199,14 +198,20 @@ coldkernel() {  # convnext_tiny, whose build keeps trtmc's Triton depthwise kern
     local classify=(-m trtmc -v classify "$bundle" examples/images/chelsea.png --top-k 1 --compiled)
     measure_cold cold-convnext_tiny-compiled-1 timeout 90 python3 "${classify[@]}"
     caches=$(mktemp -d)
-    measure cold-convnext_tiny-compiled-profiled env TORCHINDUCTOR_CACHE_DIR="$caches/inductor" \
-        TRITON_CACHE_DIR="$caches/triton" timeout 150 python3 -m cProfile -o "$RESULTS/load.prof" "${classify[@]}"
+    profiled_load cold "$caches" "${classify[@]}"  # empty caches, as the run before
+    profiled_load warm "$caches" "${classify[@]}"  # the caches the cold load left, as the bench's loads find them
     find "$caches/triton" -name '*.json' ! -name '__grp__*' -exec python3 -c \
         'import json, sys; [print(json.load(open(f)).get("name"), f.split("/")[-2]) for f in sys.argv[1:]]' {} + \
         | sort >"$RESULTS/load-kernels.txt" 2>>"$LOG"
-    python3 -c 'import pstats, sys; pstats.Stats(sys.argv[1], stream=sys.stdout).sort_stats("cumulative").print_stats(60)' \
-        "$RESULTS/load.prof" >"$RESULTS/load-profile.txt" 2>>"$LOG"
     rm -rf "$caches"
+}
+
+profiled_load() {  # NAME CACHES CLASSIFY...: a load under cProfile with CACHES/{inductor,triton}; load-NAME.{prof,txt}
+    local name=$1 caches=$2; shift 2
+    measure "load-$name-profiled" env TORCHINDUCTOR_CACHE_DIR="$caches/inductor" TRITON_CACHE_DIR="$caches/triton" \
+        timeout 150 python3 -m cProfile -o "$RESULTS/load-$name.prof" "$@"
+    python3 -c 'import pstats, sys; pstats.Stats(sys.argv[1], stream=sys.stdout).sort_stats("cumulative").print_stats(80)' \
+        "$RESULTS/load-$name.prof" >"$RESULTS/load-$name.txt" 2>>"$LOG"
 }
 
 buildalone() {  # issue 12's 2 minutes, for a user's build
