@@ -8,9 +8,10 @@
 #                default) for lite0 twice, ghostnet_100 and resnet50, then lite0 `--compiled` for comparison
 #   coldkernel   convnext_tiny's bundle (the bench's where a bench ran here, else one built at batch 1: random weights,
 #                its build keeps trtmc's Triton depthwise kernel), then `trtmc -v classify BUNDLE chelsea.png --compiled`
-#                as `cold` runs it, the kernel's compile on a machine whose Triton cache never saw it, then under
-#                cProfile in empty caches and again in the caches that left (load-{cold,warm}.prof and .txt, by
-#                cumulative time) and load-kernels.txt (the Triton cache's kernels after the loads, each with its folder)
+#                as `cold` runs it (empty Inductor and Triton caches), then under cProfile: in empty caches without
+#                putting the bundle's Triton kernels back (tools/classify_without_kernels.py: bundles before run 34),
+#                in empty caches, and again in the caches that left (load-{cold-unrestored,cold,warm}.prof and .txt,
+#                by cumulative time); load-kernels.txt: the Triton cache's kernels after the loads, each with its folder
 #   buildalone   a user's build, alone on the machine (all CPUs, nothing beside it; the bench's prepare runs 14):
 #                `trtmc -v build` at max batch 128, fp16, of each of BUILD_ARCHS (default vit_base_patch16_224, whose
 #                gemm-templates candidate took 149 s of a 181 s build in run 25's prepare), random weights, in
@@ -195,11 +196,12 @@ coldkernel() {  # convnext_tiny, whose build keeps trtmc's Triton depthwise kern
         cat "$WORK/build-convnext_tiny.log" >>"$LOG" 2>/dev/null
         bundle=$WORK/convnext_tiny.bundle
     fi
-    local classify=(-m trtmc -v classify "$bundle" examples/images/chelsea.png --top-k 1 --compiled)
-    measure_cold cold-convnext_tiny-compiled-1 timeout 90 python3 "${classify[@]}"
+    local args=(-v classify "$bundle" examples/images/chelsea.png --top-k 1 --compiled)
+    measure_cold cold-convnext_tiny-compiled-1 timeout 90 python3 -m trtmc "${args[@]}"
+    profiled_load cold-unrestored "$(mktemp -d)" tools/classify_without_kernels.py "${args[@]}"  # as before run 34
     caches=$(mktemp -d)
-    profiled_load cold "$caches" "${classify[@]}"  # empty caches, as the run before
-    profiled_load warm "$caches" "${classify[@]}"  # the caches the cold load left, as the bench's loads find them
+    profiled_load cold "$caches" -m trtmc "${args[@]}"  # empty caches, the bundle's Triton kernels put back
+    profiled_load warm "$caches" -m trtmc "${args[@]}"  # the caches the cold load left, as the bench's loads find them
     find "$caches/triton" -name '*.json' ! -name '__grp__*' -exec python3 -c \
         'import json, sys; [print(json.load(open(f)).get("name"), f.split("/")[-2]) for f in sys.argv[1:]]' {} + \
         | sort >"$RESULTS/load-kernels.txt" 2>>"$LOG"

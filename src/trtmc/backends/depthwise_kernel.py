@@ -210,6 +210,9 @@ def depthwise_window_kernel(
                           out_width)
 
 
+JIT_KERNELS = (depthwise_conv2d_kernel, depthwise_window_kernel)  # what a bundle carries compiled (`triton_cache`)
+
+
 def on_window(kernel: list[int], stride: list[int], dilation: list[int]) -> bool:
     """Whether a depthwise convolution runs on the window kernel (stride 1, no dilation, a kernel up to
     `WINDOW_MAX_KERNEL`) rather than the flat one."""

@@ -32,7 +32,7 @@ from typing import Any, Mapping
 import torch
 
 from ..graph import Graph
-from . import Batching, BuiltEngine, Engine, EngineEntry, EngineSpec, LoadOptions, Progress
+from . import Batching, BuiltEngine, Engine, EngineEntry, EngineSpec, LoadOptions, Progress, triton_cache
 from .engine_io import EngineBase, PixelSpec, device_missing_reason
 from .inductor_lowerings import (
     INDUCTOR_OPTIONS, LOWERINGS, PATCH_PRODUCTS, captured, choose_lowering, compile_cuda, inductor_options,
@@ -46,6 +46,7 @@ devices = ("cpu", "cuda")
 
 CPU_PACKAGE = "model.pt2"
 CUDA_CACHE = "inductor-cache.bin"
+TRITON_KERNELS = "triton-kernels.zip"  # trtmc's own Triton kernels the engine launches (`triton_cache`), if any
 
 
 def _versions() -> dict[str, str]:
@@ -164,7 +165,13 @@ def _build_cuda(graph: Graph, spec: EngineSpec, progress: Progress) -> tuple[dic
     if artifacts is None:
         raise RuntimeError("Inductor produced no cache artifacts to store in the bundle")
     data, _info = artifacts
-    return {CUDA_CACHE: bytes(data)}, {
+    files = {CUDA_CACHE: bytes(data)}
+    if compiled.launches_own_kernels:  # extern calls: their kernels are not in Inductor's caches
+        from .depthwise_kernel import JIT_KERNELS
+
+        files[TRITON_KERNELS] = triton_cache.archive(triton_cache.launched(JIT_KERNELS))
+        triton_cache.forget(JIT_KERNELS)  # a later build in this process archives its own only
+    return files, {
         "device_name": props.name,
         "compute_capability": f"{props.major}.{props.minor}",
         LOWERINGS: choices,
@@ -238,6 +245,9 @@ def load(
         return InductorCpuEngine(files[CPU_PACKAGE], entry.batching, PixelSpec.of(graph, "cpu"))
     if options.quick_start:
         return UncompiledCudaEngine(graph, "cuda", entry.batching.max_batch)
+    if TRITON_KERNELS in files:
+        restored = triton_cache.restore(files[TRITON_KERNELS])
+        log.info("put %d of the bundle's Triton kernels into Triton's cache (the others were there)", restored)
     return InductorCudaEngine(graph, files[CUDA_CACHE], entry.batching, entry.record)
 
 

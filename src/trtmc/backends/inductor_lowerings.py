@@ -342,6 +342,22 @@ class CompiledCuda:
         self._chosen[batch] = name
         self._by_batch.pop(batch, None)
 
+    @property
+    def launches_own_kernels(self) -> bool:
+        """Whether a chosen lowering calls trtmc's own Triton kernels (`depthwise_kernel`)."""
+        return any(self.chosen_lowering(batch).depthwise_kernel for batch in self._chosen)
+
+    def chosen_lowering(self, batch: int, name: str | None = None) -> Lowering:
+        """The lowering `batch` runs: the one chosen for it (`choose`, or the engine's record), else the plain one;
+        or the candidate `name`."""
+        candidates = lowering_candidates(self._graph, batch, depthwise_kernel=True, gemm_templates=True,
+                                         patches=self.patches)
+        name = name or self._chosen.get(batch, PLAIN)
+        if name not in candidates:
+            raise RuntimeError(f"the engine was built with the {name!r} lowering at batch {batch}, which this "
+                               f"graph does not offer ({', '.join(candidates)}); rebuild the bundle")
+        return candidates[name]
+
     def options_for(self, lowering: Lowering) -> dict[str, Any]:
         """The Inductor options `lowering` compiles with: the build's, then the lowering's own."""
         return {**self.options, **known_options(lowering.inductor_options())}
@@ -357,23 +373,19 @@ class CompiledCuda:
         batch = pixels.shape[0]
         if batch in self._by_batch:
             return self._by_batch[batch](pixels)
-        candidates = lowering_candidates(self._graph, batch, depthwise_kernel=True, gemm_templates=True,
-                                         patches=self.patches)
-        name = self._chosen.get(batch, PLAIN)
-        if name not in candidates:
-            raise RuntimeError(f"the engine was built with the {name!r} lowering at batch {batch}, which this "
-                               f"graph does not offer ({', '.join(candidates)}); rebuild the bundle")
-        module = self.module_for(candidates[name], pixels.device)
+        lowering = self.chosen_lowering(batch)
+        module = self.module_for(lowering, pixels.device)
         try:
             out = module(pixels)  # the first call compiles (from the bundle's caches)
         except Exception:
+            name = self._chosen.get(batch, PLAIN)
             if name == PLAIN:
                 raise
             # The plain lowering is in the bundle's caches too: a chosen candidate that does not run here (another
             # cuDNN, say) costs its speed, not the engine.
             log.warning("the %s lowering chosen at build does not run here at batch %d; running the plain one",
                         name, batch, exc_info=True)
-            module = self.module_for(candidates[PLAIN], pixels.device)
+            module = self.module_for(self.chosen_lowering(batch, PLAIN), pixels.device)
             out = module(pixels)
         self._by_batch[batch] = module
         return out

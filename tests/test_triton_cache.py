@@ -1,0 +1,62 @@
+"""trtmc's compiled Triton kernels carried in a bundle (`trtmc.backends.triton_cache`).
+
+Triton compiles for a GPU target without one (`compiled_for`), so the archive and its restore are exercised on the
+CPU with Triton's real compiler and cache: a kernel compiled into one cache, archived, put into an empty one, and
+found there by Triton's next compile of the same kernel.
+"""
+
+import io
+import zipfile
+
+import pytest
+import triton
+
+from trtmc.backends import triton_cache
+from trtmc.backends.depthwise_kernel import WINDOW_TILE, compiled_for
+
+
+@pytest.fixture
+def compiles(monkeypatch):
+    """Each of Triton's compiles from now on: (kernel name, whether its cache answered)."""
+    seen = []
+
+    def listener(src, metadata, metadata_group, times, cache_hit):
+        seen.append((metadata["name"], cache_hit))
+
+    monkeypatch.setattr(triton.knobs.compilation, "listener", listener)
+    return seen
+
+
+def test_a_restored_kernel_is_found_by_tritons_next_compile_in_a_cache_that_never_saw_it(tmp_path, monkeypatch,
+                                                                                         compiles):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "build"))
+    built = compiled_for(90, 3, WINDOW_TILE)
+    data = triton_cache.archive([built])
+    assert compiles == [("depthwise_window_kernel", False)]
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "load"))
+    assert triton_cache.restore(data) == 1
+    assert triton_cache.restore(data) == 0  # already there: nothing written again
+    loaded = compiled_for(90, 3, WINDOW_TILE)
+    assert compiles[1:] == [("depthwise_window_kernel", True)]
+    assert loaded.hash == built.hash and loaded.kernel == built.kernel
+
+
+def test_the_archive_holds_each_kernels_metadata_and_binary_only():
+    kernel = compiled_for(90, 3, WINDOW_TILE)
+    with zipfile.ZipFile(io.BytesIO(triton_cache.archive([kernel]))) as zf:
+        names = sorted(zf.namelist())
+    assert names == [f"{kernel.hash}/depthwise_window_kernel.cubin", f"{kernel.hash}/depthwise_window_kernel.json"]
+    assert triton_cache.archive([kernel]) == triton_cache.archive([kernel])  # the same kernels, the same bytes
+
+
+@pytest.mark.parametrize("entry", ["../escape.json", "0" * 64 + "/../escape.json", "0" * 64 + "/sub/k.json",
+                                   "not-a-hash/k.json"])
+def test_an_archive_entry_that_is_not_a_kernel_file_in_its_folder_is_refused(tmp_path, monkeypatch, entry):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as zf:
+        zf.writestr(entry, b"{}")
+    with pytest.raises(ValueError, match="not HASH/FILE; rebuild the bundle"):
+        triton_cache.restore(buffer.getvalue())
+    assert not (tmp_path / "escape.json").exists() and not (tmp_path / "cache").exists()
