@@ -6,8 +6,8 @@
 #   cold         `trtmc -v classify BUNDLE chelsea.png` in a fresh process with empty Inductor and Triton disk
 #                caches (a user's first run on a new machine: only the bundle's caches): the quick start (the
 #                default) for lite0 twice, ghostnet_100 and resnet50, then lite0 `--compiled` for comparison
-#   coldkernel   convnext_tiny's bundle (the bench's where a bench ran here, else one built at batch 1: random weights,
-#                its build keeps trtmc's Triton depthwise kernel), then `trtmc -v classify BUNDLE chelsea.png --compiled`
+#   coldkernel   convnext_tiny's bundle (the bench's where a bench ran here, else one built at max batch
+#                COLDKERNEL_MAX_BATCH, default 1: random weights, its build keeps trtmc's Triton depthwise kernel), then `trtmc -v classify BUNDLE chelsea.png --compiled`
 #                as `cold` runs it (empty Inductor and Triton caches), then under cProfile: in empty caches without
 #                putting the bundle's Triton kernels back (tools/classify_without_kernels.py: bundles before run 34),
 #                in empty caches, and again in the caches that left (load-{cold-unrestored,cold,warm}.prof and .txt,
@@ -192,7 +192,7 @@ coldkernel() {  # convnext_tiny, whose build keeps trtmc's Triton depthwise kern
     local bundle=/tmp/bw/bundles/convnext_tiny-fp16-inductor.bundle caches  # the bench's, where a bench ran here
     if [ ! -f "$bundle" ]; then
         random_checkpoints convnext_tiny
-        [ -f "$WORK/convnext_tiny.bundle" ] || build_one convnext_tiny "$WORK/convnext_tiny" 1
+        [ -f "$WORK/convnext_tiny.bundle" ] || build_one convnext_tiny "$WORK/convnext_tiny" "${COLDKERNEL_MAX_BATCH:-1}"
         cat "$WORK/build-convnext_tiny.log" >>"$LOG" 2>/dev/null
         bundle=$WORK/convnext_tiny.bundle
     fi
