@@ -11,7 +11,7 @@ fused kernel per tap. Its tile (`TILE`: 32 pixels x 32 channels in 2 warps, a lo
 quickest that `tools/depthwise_kernel_tune.py` found at batch 1 (run 22).
 
 A convolution of stride 1 without dilation and a kernel up to `WINDOW_MAX_KERNEL` wide (most of them: every one of
-convnext_tiny's and edgenext_small's) runs on the window kernel instead (`depthwise_window_kernel`, `window_tile`): a
+convnext_tiny's and edgenext_small's) runs on the window kernel instead (`depthwise_window_kernel`, `WINDOW_TILE`): a
 program computes a window of output pixels, each pixel's channels an accumulator of their own and each tap's
 channels held for the whole program, and loads each input pixel of the window once, adding it into every output
 pixel that uses it: (rows + kh - 1) * (columns + kw - 1) loads for rows * columns * kh * kw multiply-adds, where the
@@ -81,20 +81,6 @@ class WindowTile:
 # convnext_tiny. Compiled on a CPU for sm_90a (tools/depthwise_kernel_sass.py, run 30): 1.75 instructions per
 # multiply-add against the row kernel's 2.48, no spills on Triton 3.6 or 3.8.
 WINDOW_TILE = WindowTile(rows=4, columns=4, channels=64, warps=1)
-
-# Run 31, the same probe at batch 128: 4 x 7 ran each of convnext_tiny's 7x7 convolutions, on maps 56, 28, 14 and 7
-# columns wide, 5-21% quicker than 4 x 4 (all 18 in 1,265 against 1,422 us), its windows ending on the map's edge;
-# on edgenext_small's maps of 8 to 64 columns, where a last window 7 wide runs partly outside the map, 1-59% slower
-# on every shape, and at batch 1 convnext_tiny's 18 took 129.8 us against 92.8 (fewer, longer programs).
-# So above batch 1 a 7x7 convolution (the only size measured on such maps) on a map whose width 7 divides takes it.
-SEVEN_WIDE_TILE = WindowTile(rows=4, columns=7, channels=64, warps=1)
-
-
-def window_tile(batch: int, width: int, kernel: int) -> WindowTile:
-    """The window kernel's tile for a `kernel` x `kernel` convolution whose output is `width` pixels wide."""
-    if batch > 1 and kernel == 7 and width % SEVEN_WIDE_TILE.columns == 0:
-        return SEVEN_WIDE_TILE
-    return WINDOW_TILE
 
 # Triton unrolls the whole window, and its compile grows with it (run 30, sm_90a on a 2-core CPU, Triton 3.6: 7x7
 # ~8 s, 9x9 ~25 s); a wider stride-1 kernel runs on the flat kernel, whose loop over the rows compiles in ~1 s.
@@ -250,7 +236,7 @@ def depthwise_conv2d_triton(
     x = x.contiguous(memory_format=torch.channels_last)
     out = torch.empty((n, channels, *out_size), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
     if on_window(weight.shape[2:], stride, dilation):
-        t = window_tile(n, out_size[1], weight.shape[3])
+        t = WINDOW_TILE
         grid = (n * triton.cdiv(out_size[0], t.rows), triton.cdiv(out_size[1], t.columns),
                 triton.cdiv(channels, t.channels))
         depthwise_window_kernel[grid](

@@ -27,7 +27,9 @@ def launched(functions: Iterable) -> list:
     kernels = []
     for fn in functions:
         for device_cache in fn.device_caches.values():
-            kernels.extend(device_cache[0].values())  # (kernel cache, ...): the CompiledKernel of each specialization
+            # (kernel cache, ...) since Triton 3.3, the cache mapping each specialization to its CompiledKernel; an
+            # asynchronous compile (not trtmc's) leaves a placeholder until it ends, which has no files yet.
+            kernels.extend(k for k in device_cache[0].values() if hasattr(k, "metadata_group") and hasattr(k, "hash"))
     return kernels
 
 
