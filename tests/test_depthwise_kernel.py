@@ -236,3 +236,13 @@ def test_an_engine_whose_build_chose_the_depthwise_kernel_runs_it_whatever_the_b
         expected = GraphModule(graph, fusions=depthwise_kernels(graph))(pixels)
     assert torch.allclose(out.float(), expected.float(), rtol=2e-3, atol=2e-3)
     assert [lowering.depthwise_kernel for lowering in compiled._by_lowering] == [True]
+
+
+def test_only_an_engine_whose_chosen_lowering_runs_the_depthwise_kernel_carries_its_compiled_kernels():
+    # A build archives trtmc's Triton kernels into the bundle where `launches_own_kernels` (`triton_cache`).
+    graph = _depthwise_stack(4, 7, "fp16")
+    assert compile_cuda(graph, {LOWERINGS: {"1": {"chosen": KERNEL}, "128": {"chosen": PLAIN}}}).launches_own_kernels
+    assert not compile_cuda(graph, {LOWERINGS: {"1": {"chosen": PLAIN}, "128": {"chosen": PLAIN}}}).launches_own_kernels
+    assert not compile_cuda(graph).launches_own_kernels  # nothing chosen yet: every batch runs the plain lowering
+    compiled = compile_cuda(graph, {LOWERINGS: {"1": {"chosen": KERNEL}}})
+    assert compiled.chosen_lowering(1).depthwise_kernel and not compiled.chosen_lowering(1, PLAIN).depthwise_kernel
