@@ -4,9 +4,10 @@ and with a loop over the kernel's rows (a CPU can: Triton compiles for a target 
     PYTHONPATH=src python tools/depthwise_kernel_compile_time.py [SIZE ...] [--capability 90]
 
 Each compile runs in a fresh Triton cache (so none is answered from an earlier one), stride 1, "same" padding,
-the built tile (`TILE`) with its rows unrolled and looped. The kernel compiles at its first call in each process
-and shape, outside the caches a bundle carries, so this time is paid by a build's candidate and by a fresh
-machine's first answer (run 21: mixnet_s's 7x7, 9x9 and 11x11 kernels took 116-148 s of its build).
+the built tile (`TILE`) with its rows unrolled and looped. The kernel compiles at its first call in a process
+whose Triton cache lacks that specialization, so this time is paid by a build's candidate (run 21: mixnet_s's 7x7,
+9x9 and 11x11 kernels took 116-148 s of its build) and, for bundles built before they carried the compiled kernels
+(`trtmc.backends.triton_cache`), by a fresh machine's first answer.
 """
 
 from __future__ import annotations

@@ -20,8 +20,9 @@ at a time at batch 128: convnext_tiny's 18 7x7 convolutions in 1,422 us against 
 cuDNN's 2,914; edgenext_small's 21 in 505 against 777 and 1,617). Its taps must be laid out for it
 (`taps_major_weights`).
 
-`trtmc::depthwise_conv2d` is the custom op Inductor keeps as one extern call; on a CPU it computes the same
-function with `F.conv2d` in float32 (the tests compare the kernels with it under Triton's interpreter).
+`trtmc::depthwise_conv2d` is the custom op Inductor keeps as one extern call, so its kernels are not in Inductor's
+caches and a bundle carries them compiled (`JIT_KERNELS`, `triton_cache`); on a CPU it computes the same function
+with `F.conv2d` in float32 (the tests compare the kernels with it under Triton's interpreter).
 """
 
 # No `from __future__ import annotations`: `torch.library.custom_op` reads the op's signature from its annotations.
@@ -54,8 +55,8 @@ class Tile:
 # row loop ran about as fast as unrolled taps in run 21's tile (convnext_tiny 137 against 144 us, edgenext_small
 # 104 against 100) and keeps Triton's compile ~1 s at any size, where unrolled taps grow it (sm_90 on a 2-core CPU,
 # tools/depthwise_kernel_compile_time.py: 7x7 21 s, 9x9 60 s, 11x11 138 s; mixnet_s's build spent 116-148 s on
-# them in run 21). The compile runs at the kernel's first call in each process, outside the caches a bundle
-# carries.
+# them in run 21). The compile runs at the kernel's first call in a process whose Triton cache lacks it, outside
+# Inductor's caches: a bundle carries it compiled beside them (`JIT_KERNELS`, `triton_cache`).
 TILE = Tile(pixels=32, channels=32, warps=2, unroll_rows=False)
 
 
