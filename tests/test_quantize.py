@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from support import photos_for
 from trtmc.backends import EngineSpec
 from trtmc.backends import tensorrt
-from trtmc.backends.torch_lowering import GraphModule, find_quantized_gemms, to_fx
+from trtmc.backends.torch_lowering import GraphModule, find_quantized_gemms, row_scaled_mm, to_fx
 from trtmc.graph import (
     Activation,
     DType,
@@ -426,7 +426,7 @@ def test_int8_gemms_leave_out_ops_with_too_few_rows_per_image_for_int_mm(net):
     assert single and not single & set(find_quantized_gemms(graph))
 
 
-@pytest.mark.parametrize("fmt, gemm_op", [("fp8", torch._scaled_mm), ("int8", torch._int_mm)])
+@pytest.mark.parametrize("fmt, gemm_op", [("fp8", row_scaled_mm), ("int8", torch._int_mm)])
 def test_quantized_gemms_give_the_logits_of_the_dequantized_convolutions_in_fp32(net, fmt, gemm_op):
     graph = quantized(net, fmt, "fp32")
     x = torch.randn(3, 3, 16, 16, generator=torch.Generator().manual_seed(5))
@@ -439,6 +439,23 @@ def test_quantized_gemms_give_the_logits_of_the_dequantized_convolutions_in_fp32
     assert sum(n.target is gemm_op for n in traced.graph.nodes) == 4
     assert not any(n.target is gemm_op for n in to_fx(graph).graph.nodes)  # off unless asked for
     assert relative(got, expected) < 1e-5
+
+
+@pytest.mark.parametrize("cpu_scales_rows", [True, False], ids=["row-wise kernel", "per-tensor kernel"])
+def test_a_row_scaled_fp8_gemm_gives_the_scaled_product_whichever_scales_the_cpu_kernel_takes(monkeypatch,
+                                                                                                cpu_scales_rows):
+    from trtmc.backends import torch_lowering
+
+    if cpu_scales_rows and not torch_lowering._cpu_scales_rows():
+        cpu_scales_rows = False  # this PyTorch's CPU kernel scales per tensor only (2.11): both cases take the fallback
+    monkeypatch.setattr(torch_lowering, "_cpu_scales_rows", lambda: cpu_scales_rows)
+    g = torch.Generator().manual_seed(3)
+    rows = torch.randn(5, 32, generator=g).to(torch.float8_e4m3fn)
+    matrix = torch.randn(24, 32, generator=g).to(torch.float8_e4m3fn).t()
+    scale_a, scale_b = torch.full((5, 1), 0.25), torch.rand(1, 24, generator=g) + 0.5
+    expected = rows.float() @ matrix.float() * scale_a * scale_b
+    got = row_scaled_mm(rows, matrix, scale_a, scale_b, torch.float32)
+    assert got.dtype is torch.float32 and relative(got, expected) < 1e-6
 
 
 @pytest.mark.parametrize("precision, ulp", [("fp16", 2.0**-10), ("bf16", 2.0**-7)])

@@ -5,7 +5,8 @@ Invalid input, bundles the Python reader refuses and bundles other than the pinn
 are refused by the SDK too, each with its error code.
 
 Needs cmake, a C/C++ compiler, libzip-dev, libssl-dev and nlohmann-json (`.ci/run` installs them).
-The build goes to build/sdk-tests (kept between runs: compiling against libtorch takes minutes here).
+The build goes to build/sdk-tests-torch<VERSION> (kept between runs: compiling against libtorch takes minutes here;
+one per torch, since CMake keeps the libtorch it first found and a bundle runs only on the torch that built it).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from trtmc.tasks import decode_image, image_to_class_scores
 
 pytestmark = pytest.mark.slow
 
-BUILD = REPO / "build" / "sdk-tests"
+BUILD = REPO / "build" / f"sdk-tests-torch{torch.__version__}"
 PHOTOS = sorted(p for p in IMAGES.iterdir() if p.suffix in (".jpg", ".png"))
 CONSUMERS = ("c", "cpp")
 # trtmc_code values (sdk/include/trtmc.h): the consumers exit with the code of a failed call.

@@ -290,6 +290,30 @@ def find_quantized_gemms(graph: Graph) -> dict[str, QuantizedGemm]:
     return found
 
 
+@torch.fx.wrap  # one node of the traced graph: whether the CPU fallback runs depends on the tensors' device
+def row_scaled_mm(rows, matrix, scale_a, scale_b, out_dtype):
+    """`torch._scaled_mm` of FP8 `rows` and `matrix`, scaled by `scale_a` per row and `scale_b` per column.
+    Some PyTorch releases' CPU kernel scales per tensor only (2.11's does), so there (tests run engines on the CPU)
+    the row scale, one value for all rows, scales the fp32 product and the column scales follow, rounded once to
+    `out_dtype` as on CUDA."""
+    if rows.device.type == "cpu" and not _cpu_scales_rows():
+        one = scale_a.new_ones(())
+        product = torch._scaled_mm(rows, matrix, scale_a=scale_a[0, 0], scale_b=one, out_dtype=torch.float32)
+        return (product * scale_b).to(out_dtype)
+    return torch._scaled_mm(rows, matrix, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype)
+
+
+@functools.cache
+def _cpu_scales_rows() -> bool:
+    """Whether this PyTorch's CPU `_scaled_mm` takes row-wise scales (it asserts per-tensor scales where not)."""
+    rows = torch.ones(2, 16).to(torch.float8_e4m3fn)
+    try:
+        torch._scaled_mm(rows, rows.t(), scale_a=torch.ones(2, 1), scale_b=torch.ones(1, 2), out_dtype=torch.float32)
+    except RuntimeError:
+        return False
+    return True
+
+
 def _quantized_gemm(gemm: QuantizedGemm, node, args, w):
     """`node` as one GEMM of its quantized input rows and quantized kernel, accumulated in fp32 (FP8)
     or int32 (INT8), the input and per-channel weight scales applied once to the sum, then the bias.
@@ -308,7 +332,7 @@ def _quantized_gemm(gemm: QuantizedGemm, node, args, w):
         # The row count is the batch's, known at run time only: expand_as traces where expand(n, 1) cannot.
         scale_a = w(gemm.input_scale).reshape(1, 1).expand_as(rows[:, :1]).contiguous()
         scale_b = w(gemm.weight_scale).reshape(1, -1).expand(1, out_c).contiguous()
-        y = torch._scaled_mm(rows, matrix, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype)
+        y = row_scaled_mm(rows, matrix, scale_a, scale_b, out_dtype)
     if node.attrs.bias:
         y = y + w(node.attrs.bias)
     if conv:
