@@ -11,5 +11,5 @@ import sys
 from trtmc.backends import triton_cache
 from trtmc.cli import main
 
-triton_cache.restore = lambda data: 0
+triton_cache.restore = lambda data: triton_cache.Restored(put=0, archived=0)
 sys.exit(main(sys.argv[1:]))

@@ -247,7 +247,8 @@ def load(
         return UncompiledCudaEngine(graph, "cuda", entry.batching.max_batch)
     if TRITON_KERNELS in files:
         restored = triton_cache.restore(files[TRITON_KERNELS])
-        log.info("put %d of the bundle's Triton kernels into Triton's cache (the others were there)", restored)
+        log.info("put %d of the bundle's %d compiled Triton kernels into Triton's cache (the others were there)",
+                 restored.put, restored.archived)
     return InductorCudaEngine(graph, files[CUDA_CACHE], entry.batching, entry.record)
 
 

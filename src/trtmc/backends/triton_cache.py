@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import re
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
@@ -59,12 +60,21 @@ def _needed(kernel) -> dict[str, str]:
     return {name: path for name, path in kernel.metadata_group.items() if name.endswith((".json", binary))}
 
 
-def restore(data: bytes) -> int:
-    """Puts the archived kernels that Triton's cache lacks into it; returns how many."""
+@dataclass(frozen=True)
+class Restored:
+    """What `restore` did: how many of the archive's kernels it put into Triton's cache; the rest were there."""
+
+    put: int
+    archived: int
+
+
+def restore(data: bytes) -> Restored:
+    """Puts the archived kernels that Triton's cache lacks into it."""
     from triton.runtime.cache import get_cache_manager
 
     restored = 0
-    for key, files in _groups(data).items():
+    groups = _groups(data)
+    for key, files in groups.items():
         metadata = [name for name in files if name.endswith(".json")]
         if len(metadata) != 1:
             raise ValueError(f"the bundle's Triton kernel {key} has {len(metadata)} metadata files, not 1; "
@@ -75,7 +85,7 @@ def restore(data: bytes) -> int:
         paths = {name: cache.put(content, name) for name, content in files.items()}
         cache.put_group(metadata[0], paths)
         restored += 1
-    return restored
+    return Restored(restored, len(groups))
 
 
 def _groups(data: bytes) -> dict[str, dict[str, bytes]]:
