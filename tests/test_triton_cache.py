@@ -35,8 +35,11 @@ def test_a_restored_kernel_is_found_by_tritons_next_compile_in_a_cache_that_neve
     assert compiles == [("depthwise_window_kernel", False)]
 
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "load"))
-    assert triton_cache.restore(data) == triton_cache.Restored(put=1, archived=1)
-    assert triton_cache.restore(data) == triton_cache.Restored(put=0, archived=1)  # there: nothing written again
+    restored, again = triton_cache.restore(data), triton_cache.restore(data)
+    assert restored == triton_cache.Restored(put=1, archived=1)
+    assert again == triton_cache.Restored(put=0, archived=1)  # already there: nothing written again
+    assert str(restored) == "put the bundle's 1 compiled Triton kernel into Triton's cache"
+    assert str(again) == "Triton's cache held the bundle's 1 compiled Triton kernel already"
     loaded = compiled_for(90, 3, WINDOW_TILE)
     assert compiles[1:] == [("depthwise_window_kernel", True)]
     assert loaded.hash == built.hash and loaded.kernel == built.kernel

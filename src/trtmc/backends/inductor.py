@@ -246,9 +246,7 @@ def load(
     if options.quick_start:
         return UncompiledCudaEngine(graph, "cuda", entry.batching.max_batch)
     if TRITON_KERNELS in files:
-        restored = triton_cache.restore(files[TRITON_KERNELS])
-        log.info("put %d of the bundle's %d compiled Triton kernels into Triton's cache (the others were there)",
-                 restored.put, restored.archived)
+        log.info("%s", triton_cache.restore(files[TRITON_KERNELS]))
     return InductorCudaEngine(graph, files[CUDA_CACHE], entry.batching, entry.record)
 
 

@@ -67,6 +67,14 @@ class Restored:
     put: int
     archived: int
 
+    def __str__(self) -> str:
+        kernels = f"{self.archived} compiled Triton kernel{'s' if self.archived != 1 else ''}"
+        if self.put == 0:
+            return f"Triton's cache held the bundle's {kernels} already"
+        if self.put == self.archived:
+            return f"put the bundle's {kernels} into Triton's cache"
+        return f"put {self.put} of the bundle's {kernels} into Triton's cache (the others were there)"
+
 
 def restore(data: bytes) -> Restored:
     """Puts the archived kernels that Triton's cache lacks into it."""
