@@ -6,13 +6,16 @@ found there by Triton's next compile of the same kernel.
 """
 
 import io
+import os
 import zipfile
+from pathlib import Path
 
 import pytest
 import triton
 
 from trtmc.backends import triton_cache
 from trtmc.backends.depthwise_kernel import WINDOW_TILE, compiled_for
+from trtmc.backends.inductor import point_triton_at_inductors_cache
 
 
 @pytest.fixture
@@ -43,6 +46,30 @@ def test_a_restored_kernel_is_found_by_tritons_next_compile_in_a_cache_that_neve
     loaded = compiled_for(90, 3, WINDOW_TILE)
     assert compiles[1:] == [("depthwise_window_kernel", True)]
     assert loaded.hash == built.hash and loaded.kernel == built.kernel
+
+
+def test_a_load_puts_the_kernels_in_the_cache_inductor_points_launches_at(tmp_path, monkeypatch, compiles):
+    # A user's process sets no TRITON_CACHE_DIR: Triton's default (~/.triton/cache) holds until Inductor loads its
+    # first kernel and sets the variable to its own folder, where every later launch looks (run 34 set the variable
+    # for both, so a restore into the default went unnoticed there).
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "build"))
+    data = triton_cache.archive([compiled_for(90, 3, WINDOW_TILE)])
+    monkeypatch.delenv("TRITON_CACHE_DIR")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+
+    point_triton_at_inductors_cache(0)
+    assert Path(os.environ["TRITON_CACHE_DIR"]) == tmp_path / "inductor" / "triton" / "0"  # Inductor's own choice
+    assert triton_cache.restore(data).put == 1
+    compiled_for(90, 3, WINDOW_TILE)
+    assert compiles[1:] == [("depthwise_window_kernel", True)]
+    assert not (tmp_path / "home").exists()
+
+
+def test_a_load_leaves_a_triton_cache_the_user_chose(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "mine"))
+    point_triton_at_inductors_cache(0)
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "mine")
 
 
 def test_the_archive_holds_each_kernels_metadata_and_binary_only():

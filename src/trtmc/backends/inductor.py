@@ -246,8 +246,18 @@ def load(
     if options.quick_start:
         return UncompiledCudaEngine(graph, "cuda", entry.batching.max_batch)
     if TRITON_KERNELS in files:
+        point_triton_at_inductors_cache(torch.cuda.current_device())
         log.info("%s", triton_cache.restore(files[TRITON_KERNELS]))
     return InductorCudaEngine(graph, files[CUDA_CACHE], entry.batching, entry.record)
+
+
+def point_triton_at_inductors_cache(device_index: int) -> None:
+    """Triton's cache folder set where Inductor sets it for the rest of the process once it loads its first kernel,
+    unless the user set it (`TRITON_CACHE_DIR`): every later Triton launch, trtmc's depthwise kernels' included, looks
+    there, so the bundle's kernels must go there, not to Triton's own default, which a launch no longer reads."""
+    from torch._inductor.runtime.cache_dir_utils import triton_cache_dir
+
+    os.environ.setdefault("TRITON_CACHE_DIR", triton_cache_dir(device_index))
 
 
 class InductorCpuEngine(EngineBase):
