@@ -7,11 +7,12 @@
 #                caches (a user's first run on a new machine: only the bundle's caches): the quick start (the
 #                default) for lite0 twice, ghostnet_100 and resnet50, then lite0 `--compiled` for comparison
 #   coldkernel   convnext_tiny's bundle (the bench's where a bench ran here, else one built at max batch
-#                COLDKERNEL_MAX_BATCH, default 1: random weights, its build keeps trtmc's Triton depthwise kernel), then `trtmc -v classify BUNDLE chelsea.png --compiled`
-#                as `cold` runs it (empty Inductor and Triton caches), then under cProfile: in empty caches without
-#                putting the bundle's Triton kernels back (tools/classify_without_kernels.py: bundles before run 34),
-#                in empty caches, and again in the caches that left (load-{cold-unrestored,cold,warm}.prof and .txt,
-#                by cumulative time); load-kernels.txt: the Triton cache's kernels after the loads, each with its folder
+#                COLDKERNEL_MAX_BATCH, default 1: random weights, its build keeps trtmc's Triton depthwise kernel),
+#                then `trtmc -v classify BUNDLE chelsea.png --compiled` as `cold` runs it (empty Inductor and Triton
+#                caches), then under cProfile: in empty caches without putting the bundle's Triton kernels back
+#                (tools/classify_without_kernels.py: bundles before run 34), in empty caches, and again in the
+#                caches that left (load-{cold-unrestored,cold,warm}.prof and .txt, by cumulative time);
+#                load-kernels.txt: the Triton cache's kernels after the loads, each with its folder
 #   buildalone   a user's build, alone on the machine (all CPUs, nothing beside it; the bench's prepare runs 14):
 #                `trtmc -v build` at max batch 128, fp16, of each of BUILD_ARCHS (default vit_base_patch16_224, whose
 #                gemm-templates candidate took 149 s of a 181 s build in run 25's prepare), random weights, in
