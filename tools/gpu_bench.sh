@@ -18,7 +18,8 @@
 # unprepared entry, `trtmc bench` would build it inside the time limit (run 12 lost a call's last 270 s so).
 # A record (WORKDIR/timed/NAME.pickle) is taken by `--resume` only when the code (trtmc's source digest), the versions,
 # the machine and the entry are the same; RECORDS (default bench-records/timed; or a call's timed.tar.gz, as committed
-# in the results folder of a bench cut short) are copied into the work folder first.
+# in the results folder of a bench cut short; several, separated by spaces, for the calls of a bench that lost its
+# machine between them) are copied into the work folder first.
 # $OUT gets bench.log, timed.tar.gz (the records) and, from `time` and `report`, bench/results.{json,md} and latency.png.
 set -u
 export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1
@@ -31,11 +32,13 @@ RECORDS=${RECORDS:-bench-records/timed}
 DEVICE=${DEVICE:-cuda}
 read -r -a BENCH_ARGS <<<"${BENCH_ARGS:-}"
 mkdir -p "$OUT" "$WORK/timed"
-if [ -f "$RECORDS" ]; then  # an archive a call brought back (committed beside a bench cut short)
-    tar -xzf "$RECORDS" -C "$WORK" --skip-old-files
-elif [ -d "$RECORDS" ]; then
-    cp -n "$RECORDS"/*.pickle "$WORK/timed/" 2>/dev/null
-fi
+for records in $RECORDS; do  # one or more, separated by spaces; a record already in the work folder stays
+    if [ -f "$records" ]; then  # an archive a call brought back (committed beside a bench cut short)
+        tar -xzf "$records" -C "$WORK" --skip-old-files
+    elif [ -d "$records" ]; then
+        cp -n "$records"/*.pickle "$WORK/timed/" 2>/dev/null
+    fi
+done
 python3 -c "from trtmc.bench.runner import source_digest; print('trtmc source', source_digest())" >>"$OUT/bench.log"
 names=$(python3 -m trtmc bench "${BENCH_ARGS[@]}" --list | awk '{print $1}')
 JOBS=${JOBS:-14}
@@ -138,7 +141,7 @@ case "${1:-}" in
             echo "not timed by this code on this machine: $(echo $missing)" | tee -a "$OUT/bench.log"; exit 1
         fi
         on timed "$LIMIT" $selected ;;  # every chosen entry from its record
-    *) echo "usage: [PART=K/N | ONLY=\"NAME ...\"] [RECORDS=DIR] OUT=DIR LIMIT=SECONDS bash tools/gpu_bench.sh run|prepare|time|report" >&2; exit 2 ;;
+    *) echo "usage: [PART=K/N | ONLY=\"NAME ...\"] [RECORDS=\"DIR|ARCHIVE ...\"] OUT=DIR LIMIT=SECONDS bash tools/gpu_bench.sh run|prepare|time|report" >&2; exit 2 ;;
 esac
 echo "exit status $?" >>"$OUT/bench.log"
 # One archive: a call brings back at most 8 files.
