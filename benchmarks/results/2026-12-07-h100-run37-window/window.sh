@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # main's depthwise window (4 x 4) against 9da985b's 4 x 7 at batch > 1, convnext_tiny fp16 batch 128, trtmc engine only.
 set -u
-R=$PWD; export PYTHONUNBUFFERED=1
-rm -rf /tmp/win && mkdir -p /tmp/win && cp -r src /tmp/win/ && (cd /tmp/win && patch -p1 -s < "$R/benchmarks/results/2026-12-07-h100-run37-window/window.patch") || exit 3
+R=$PWD HERE=$(cd "$(dirname "$0")" && pwd); export PYTHONUNBUFFERED=1
+rm -rf /tmp/win && mkdir -p /tmp/win && cp -r src /tmp/win/ && (cd /tmp/win && patch -p1 -s < "$HERE/window.patch") || exit 3
 grep -c SEVEN_WIDE_TILE /tmp/win/src/trtmc/backends/depthwise_kernel.py >"$OUT/patched.txt"
 args=(--only convnext_tiny --batch 128 --random-weights --no-baselines --device cuda)
 prep() {  # SRC WORK NAME
