@@ -11,7 +11,7 @@ from trtmc.backends.inductor_lowerings import (
     GEMM, GEMM_TEMPLATES_AT_BUILD, GEMM_TEMPLATE_OPTIONS, KERNEL, LOWERINGS, MAX_GEMM_SHAPES, MIN_GEMMS, PLAIN,
     Lowering, compile_cuda, gemm_count, gemm_shapes, lowering_candidates,
 )
-from trtmc.backends.torch_lowering import TORCH_DTYPES, GraphModule, pointwise_product_nodes
+from trtmc.backends.torch_lowering import GraphModule
 from trtmc.graph import Activation
 from trtmc.graph_builder import GraphBuilder
 from trtmc.passes.precision import PrecisionPolicy, assign_precision
@@ -37,53 +37,6 @@ def _token_mlps(linears: int, depthwise: int = 0, precision: str = "fp32", width
             y = g.activation(y, Activation.GELU, f"blocks.{i}.act")
     g.output(g.reshape(y, (256,), "head"))
     return assign_precision(g.finish(), PrecisionPolicy(precision))
-
-
-def _pointwise_convolutions(blocks: int, precision: str = "fp32"):
-    """A convolutional network of `blocks` inverted-residual-like blocks on an 8 x 8 map of 16 channels: a 1x1
-    convolution to 32 channels with a SiLU, a 1x1 convolution back to 16 and the residual add; then a 1x1 convolution
-    with stride 2 and a squeeze-excite-like 1x1 convolution on the pooled 1x1 map (neither is a pointwise product)."""
-    rng = np.random.default_rng(blocks)
-    g = GraphBuilder()
-    y = g.input("pixels", (1, 16, 8, 8))
-    for i in range(blocks):
-        h = g.activation(g.conv2d(y, f"blocks.{i}.conv_pw", rng.standard_normal((32, 16, 1, 1)) / 4,
-                                  rng.standard_normal(32) / 4), Activation.SILU, f"blocks.{i}.act")
-        h = g.conv2d(h, f"blocks.{i}.conv_pwl", rng.standard_normal((16, 32, 1, 1)) / 6, rng.standard_normal(16) / 4)
-        y = g.add(y, h, f"blocks.{i}.residual")
-    y = g.conv2d(y, "downsample", rng.standard_normal((16, 16, 1, 1)) / 4, rng.standard_normal(16), stride=2)
-    y = g.global_avg_pool(y, "pool", keepdim=True)
-    g.output(g.conv2d(y, "head", rng.standard_normal((10, 16, 1, 1)) / 4, rng.standard_normal(10)))
-    return assign_precision(g.finish(), PrecisionPolicy(precision))
-
-
-def test_only_stride_1_1x1_convolutions_on_maps_larger_than_1x1_are_pointwise_products():
-    graph = _pointwise_convolutions(2)
-    assert pointwise_product_nodes(graph) == {"blocks.0.conv_pw", "blocks.0.conv_pwl", "blocks.1.conv_pw",
-                                              "blocks.1.conv_pwl"}
-
-
-@pytest.mark.parametrize("precision, tolerance", [("fp32", 1e-5), ("fp16", 2e-3), ("bf16", 1e-2)])
-def test_a_pointwise_product_computes_the_1x1_convolution(precision, tolerance):
-    # The channels-last map's pixels as rows times the weight: the convolution's products and sums, within the
-    # precision's rounding of the convolutions computed in fp32 (the CPU reference's half path).
-    graph = _pointwise_convolutions(2, precision)
-    pixels = torch.rand((3, 16, 8, 8), generator=torch.Generator().manual_seed(5))
-    pixels = pixels.to(TORCH_DTYPES[graph.inputs[0].type.dtype]).contiguous(memory_format=torch.channels_last)
-    with torch.no_grad():
-        got = GraphModule(graph, pointwise_products=pointwise_product_nodes(graph))(pixels).float()
-        expected = GraphModule(graph, half_convolutions_in_fp32=True)(pixels).float()
-    assert torch.allclose(got, expected, rtol=tolerance, atol=tolerance)
-
-
-def test_the_gemm_templates_lowering_runs_a_convolutional_networks_1x1_convolutions_as_matrix_products():
-    # Run 38: efficientnet_b0's and convnext_tiny's 1x1 convolutions on the templates were 5% and 3% quicker at batch 1.
-    graph = _pointwise_convolutions(MIN_GEMMS // 2)
-    assert gemm_count(graph) == MIN_GEMMS and gemm_shapes(graph) == 2
-    offered = lowering_candidates(graph, 1)
-    assert list(offered) == [PLAIN, GEMM]
-    assert offered[GEMM].pointwise == pointwise_product_nodes(graph) and not offered[PLAIN].pointwise
-    assert list(lowering_candidates(_pointwise_convolutions(MIN_GEMMS // 2 - 1), 1)) == [PLAIN]
 
 
 def test_the_gemm_templates_lowering_is_offered_at_batch_1_where_the_graph_has_a_transformers_matrix_products():
@@ -139,8 +92,6 @@ def test_only_the_gemm_templates_lowering_asks_inductor_for_triton_templates_bes
     assert compiled.options_for(offered[GEMM]) == {"coordinate_descent_tuning": True, **GEMM_TEMPLATE_OPTIONS}
     assert GEMM_TEMPLATE_OPTIONS["max_autotune_gemm"]
     assert "TRITON" in GEMM_TEMPLATE_OPTIONS["max_autotune_gemm_backends"]
-    # Convolutions stay cuDNN's: Inductor would otherwise benchmark its Triton convolution templates against each.
-    assert GEMM_TEMPLATE_OPTIONS["max_autotune_conv_backends"] == "ATEN"
 
 
 @pytest.mark.slow
@@ -155,16 +106,3 @@ def test_an_engine_whose_build_chose_the_gemm_templates_compiles_them_and_comput
         expected = GraphModule(graph)(pixels)
     assert torch.allclose(out.float(), expected.float(), rtol=1e-2, atol=1e-2)
     assert [lowering.gemm_templates for lowering in compiled._by_lowering] == [True]
-
-
-@pytest.mark.slow
-def test_an_engine_whose_build_chose_the_gemm_templates_runs_its_1x1_convolutions_as_products_and_stays_right():
-    graph = _pointwise_convolutions(MIN_GEMMS // 2)
-    compiled = compile_cuda(graph, {LOWERINGS: {"1": {"chosen": GEMM}}})
-    pixels = torch.rand((1, 16, 8, 8), generator=torch.Generator().manual_seed(6)).contiguous(
-        memory_format=torch.channels_last)
-    with torch.no_grad():
-        out = compiled(pixels)
-        expected = GraphModule(graph)(pixels)
-    assert torch.allclose(out, expected, rtol=1e-4, atol=1e-4)
-    assert [lowering.pointwise for lowering in compiled._by_lowering] == [pointwise_product_nodes(graph)]

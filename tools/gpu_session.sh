@@ -60,11 +60,6 @@
 #                (`patch_product_nodes`, every CUDA lowering since run 26), batch 1 and 128, for PATCHES_ARCHS
 #                (default the ones not yet measured: swin_tiny_patch4_window7_224 edgenext_small beit_base_patch16_224;
 #                run 26 measured vit_base_patch16_224 -13.5% / -6.2%, convnext_tiny -3.1% / +0.3%); in patches/ARCH.json
-#   pointwise    tools/pointwise_probe.py: every lowering a build offers, and each with its 1x1 convolutions as matrix
-#                products on Inductor's Triton GEMM templates (`+pw+tmpl`), plus the plain one's products on cuBLAS
-#                (`plain+pw`), for POINTWISE_ARCHS (default convnext_tiny efficientnet_b0 resnet50) at
-#                POINTWISE_BATCHES (default "--batch 1"); compiled in parallel first, then timed one model at a time;
-#                results in pointwise/ARCH.json
 #   dwtune       tools/depthwise_kernel_tune.py: every depthwise convolution of convnext_tiny, edgenext_small,
 #                efficientnet_b0, ghostnet_100, tf_efficientnetv2_s and fastvit_t8 one at a time at batch 1 and 128, on
 #                cuDNN, on trtmc's Triton kernel as built and with other tiles, and on a row-tiled variant (run 22,
@@ -309,11 +304,6 @@ patches() {  # patch embeddings as cuDNN's padded convolution against one matrix
     per_arch_probe depthwise_taps_probe.py patches 4 \
         "${PATCHES_ARCHS:-swin_tiny_patch4_window7_224 edgenext_small beit_base_patch16_224}" \
         --batch 1 --batch 128 --variant "the engine" --variant "the engine, patch products"
-}
-
-pointwise() {  # 1x1 convolutions as matrix products for Inductor's GEMM templates (run 38's lever)
-    per_arch_probe pointwise_probe.py pointwise 5 "${POINTWISE_ARCHS:-convnext_tiny efficientnet_b0 resnet50}" \
-        ${POINTWISE_BATCHES:---batch 1}
 }
 
 dwtune() {  # the tune probe writes ARCH.json after each batch size: a time limit keeps what was timed

@@ -24,8 +24,7 @@ from . import Progress
 from .fused_convolutions import fused_convolutions
 from .gpu_lock import device_lock, share_gpu_with_timing, timing_alone
 from .torch_lowering import (
-    channels_last_weights, depthwise_taps_nodes, is_depthwise, patch_product_nodes, pointwise_product_nodes, to_fx,
-    vector_product_nodes,
+    channels_last_weights, depthwise_taps_nodes, is_depthwise, patch_product_nodes, to_fx, vector_product_nodes,
 )
 
 log = logging.getLogger(__name__)
@@ -83,18 +82,11 @@ MIN_ON_KERNEL = 4
 # builds 181 and 81 s, against 24 and 14 s in run 24) and where 13-20 do it cost 100-275 s of build for at most
 # 10% (levit_128s, 17 shapes: 0.295 -> 0.266 ms, 275 s against 13; swin_tiny 2%, edgenext_small 1%;
 # swinv2_tiny and mobilevit_s kept plain after 184 and 201 s).
-# Since run 38 the candidate also runs a network's 1x1 convolutions as matrix products (`pointwise_product_nodes`),
-# which count among its products, and its convolutions stay cuDNN's (`max_autotune_conv_backends`: Inductor would
-# otherwise time its Triton convolution templates against each, 3 s for one depthwise shape of efficientnet_b0's).
-# Run 38 (H100, `gpu_session.sh pointwise`, batch 1, the build's candidates against the same with their 1x1
-# convolutions on the templates): efficientnet_b0 depthwise-kernel 0.342 -> 0.325 ms, convnext_tiny 0.412 -> 0.402,
-# resnet50 cudnn-fused 0.320 -> 0.337 (its fused cuDNN calls stay quicker).
 GEMM_TEMPLATES_AT_BUILD = True
 GEMM_TEMPLATES_MAX_BATCH = 1
 MIN_GEMMS = 24
-MAX_GEMM_SHAPES = 20
-GEMM_TEMPLATE_OPTIONS = {"max_autotune_gemm": True, "max_autotune_gemm_backends": "ATEN,TRITON",
-                         "max_autotune_conv_backends": "ATEN"}
+MAX_GEMM_SHAPES = 8
+GEMM_TEMPLATE_OPTIONS = {"max_autotune_gemm": True, "max_autotune_gemm_backends": "ATEN,TRITON"}
 
 
 # Patch embeddings of few channels (ViT's, BEiT's, ConvNeXt's and Swin's stems) as one matrix product each, in every
@@ -135,7 +127,6 @@ class Lowering:
     taps: frozenset[str]
     products: frozenset[str]
     patches: frozenset[str] = frozenset()
-    pointwise: frozenset[str] = frozenset()
     fused: bool = False
     depthwise_kernel: bool = False
     gemm_templates: bool = False
@@ -147,9 +138,9 @@ class Lowering:
 
     @property
     def rewritten(self) -> frozenset[str]:
-        """The convolutions this lowering runs as other ops (taps, products, patch and pointwise products): none is
-        cuDNN's to fuse."""
-        return self.taps | self.products | self.patches | self.pointwise
+        """The convolutions this lowering runs as other ops (taps, products, patch products): none is cuDNN's to
+        fuse."""
+        return self.taps | self.products | self.patches
 
     def module(self, graph: Graph, device: torch.device) -> torch.nn.Module:
         fusions = None
@@ -160,7 +151,7 @@ class Lowering:
 
             fusions = depthwise_kernels(graph, exclude=self.taps)
         fx = to_fx(graph, quantized_gemms=True, depthwise_taps=self.taps, vector_products=self.products,
-                   patch_products=self.patches, pointwise_products=self.pointwise, fusions=fusions)
+                   patch_products=self.patches, fusions=fusions)
         module = channels_last_weights(fx.eval().to(device), graph)
         return taps_major_weights(module, fusions) if self.depthwise_kernel else module
 
@@ -205,8 +196,7 @@ def lowering_candidates(graph: Graph, batch: int, depthwise_kernel: bool | None 
     else:
         offered = gemm_templates and gemm_count(graph) > 0
     if offered:
-        candidates[GEMM] = replace(plain, depthwise_kernel=kernel_pays, gemm_templates=True,
-                                   pointwise=pointwise_product_nodes(graph) - plain.rewritten)
+        candidates[GEMM] = replace(plain, depthwise_kernel=kernel_pays, gemm_templates=True)
     return candidates
 
 
@@ -219,10 +209,8 @@ def _on_window(convolutions: list[Node], graph: Graph) -> list[Node]:
 
 
 def _gemms(graph: Graph) -> list[Node]:
-    """The graph's matrix products: its linear and matmul ops and the 1x1 convolutions the GEMM-templates lowering
-    runs as products (`pointwise_product_nodes`; attention is its own kernel, SDPA's)."""
-    pointwise = pointwise_product_nodes(graph)
-    return [node for node in graph.nodes if node.kind in (OpKind.LINEAR, OpKind.MATMUL) or node.name in pointwise]
+    """The graph's matrix products: its linear and matmul ops (attention is its own kernel, SDPA's)."""
+    return [node for node in graph.nodes if node.kind in (OpKind.LINEAR, OpKind.MATMUL)]
 
 
 def gemm_count(graph: Graph) -> int:

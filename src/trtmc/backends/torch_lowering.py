@@ -534,33 +534,6 @@ def _patch_product(node, args, w):
     return y.reshape(-1, out_h, out_w, out_channels).permute(0, 3, 1, 2)
 
 
-def _is_pointwise_convolution(node: Node, graph: Graph) -> bool:
-    """A dense 1x1 convolution, stride 1, no padding, on a map larger than 1x1: one matrix product of the map's
-    pixels (rows) by the weight (a 1x1 map's is a vector product, `_is_product_on_a_1x1_map`)."""
-    a = node.attrs
-    if node.kind is not OpKind.CONV2D or a.weight is None or a.groups != 1 or any(a.padding):
-        return False
-    source = graph.node(node.inputs[0]).type.shape
-    return (graph.weights[a.weight].shape[2:] == (1, 1) and tuple(a.stride) == (1, 1)
-            and tuple(source[2:]) != (1, 1))
-
-
-def pointwise_product_nodes(graph: Graph) -> frozenset[str]:
-    """The 1x1 convolutions a lowering may run as matrix products (`_pointwise_product`)."""
-    return frozenset(n.name for n in graph.nodes if _is_pointwise_convolution(n, graph))
-
-
-def _pointwise_product(node, args, w):
-    """A 1x1 convolution as the matrix product it is, on the channels-last map as rows (a view, no copy): a linear op
-    that Inductor can give to one of its GEMM templates with the bias, activation and residual add after it in the
-    template's epilogue, where an extern cuDNN convolution fuses with nothing. The result is the output map,
-    channels-last."""
-    a = node.attrs
-    rows = args[0].permute(0, 2, 3, 1)
-    y = F.linear(rows, w(a.weight).flatten(1), w(a.bias) if a.bias else None)
-    return y.permute(0, 3, 1, 2)
-
-
 class Fusion(Protocol):
     """Several nodes computed by one call (`fused_convolutions.FusedConvolution`): `lower` gives the value of the
     node it is keyed by, from the values computed so far; the `absorbed` nodes are not computed on their own."""
@@ -581,9 +554,7 @@ class GraphModule(torch.nn.Module):
     compiled CUDA engine passes `depthwise_taps_nodes(graph, batch)`. `vector_products` names the 1x1
     convolutions on 1x1 maps to run as products and a sum (`_vector_product`; the engine passes
     `vector_product_nodes(graph, batch)`). `patch_products` names the patch embeddings to run as one matrix
-    product (`_patch_product`; the engine passes `patch_product_nodes(graph)`). `pointwise_products` names the
-    1x1 convolutions to run as one matrix product each (`_pointwise_product`; the GEMM-templates lowering passes
-    `pointwise_product_nodes(graph)`). `fusions` computes each node it
+    product (`_patch_product`; the engine passes `patch_product_nodes(graph)`). `fusions` computes each node it
     names with the nodes before it that the fusion absorbs, as one call (the compiled CUDA engine's cuDNN
     convolutions with their bias, residual add and ReLU: `fused_convolutions.fused_convolutions(graph)`).
     """
@@ -591,8 +562,7 @@ class GraphModule(torch.nn.Module):
     def __init__(
         self, graph: Graph, *, half_convolutions_in_fp32: bool = False, quantized_gemms: bool = False,
         depthwise_taps: frozenset[str] = frozenset(), vector_products: frozenset[str] = frozenset(),
-        patch_products: frozenset[str] = frozenset(), pointwise_products: frozenset[str] = frozenset(),
-        fusions: Mapping[str, Fusion] | None = None,
+        patch_products: frozenset[str] = frozenset(), fusions: Mapping[str, Fusion] | None = None,
     ) -> None:
         super().__init__()
         self.half_convolutions_in_fp32 = half_convolutions_in_fp32
@@ -600,7 +570,6 @@ class GraphModule(torch.nn.Module):
         self._taps = depthwise_taps
         self._products = vector_products
         self._patches = patch_products
-        self._pointwise = pointwise_products
         self._fusions = dict(fusions or {})
         self._absorbed = frozenset().union(*(f.absorbed for f in self._fusions.values()))
         missing = [k.value for k in OpKind if k not in LOWERINGS]
@@ -655,8 +624,6 @@ class GraphModule(torch.nn.Module):
                 lower = _vector_product
             if node.name in self._patches:
                 lower = _patch_product
-            if node.name in self._pointwise:
-                lower = _pointwise_product
             if node.name in self._gemms:
                 gemm = self._gemms[node.name]
                 args, lower = [values[gemm.activation], values[gemm.weight]], functools.partial(_quantized_gemm, gemm)
@@ -668,12 +635,12 @@ class GraphModule(torch.nn.Module):
 def to_fx(
     graph: Graph, *, quantized_gemms: bool = False, depthwise_taps: frozenset[str] = frozenset(),
     vector_products: frozenset[str] = frozenset(), patch_products: frozenset[str] = frozenset(),
-    pointwise_products: frozenset[str] = frozenset(), fusions: Mapping[str, Fusion] | None = None,
+    fusions: Mapping[str, Fusion] | None = None,
 ) -> torch.fx.GraphModule:
     """A flat FX graph of the whole network (the op-by-op loop unrolled by tracing)."""
     return torch.fx.symbolic_trace(GraphModule(
         graph, quantized_gemms=quantized_gemms, depthwise_taps=depthwise_taps, vector_products=vector_products,
-        patch_products=patch_products, pointwise_products=pointwise_products, fusions=fusions))
+        patch_products=patch_products, fusions=fusions))
 
 
 # The ops whose 4-D constants are convolution weights, or become them (a quantized weight's dequantize).
