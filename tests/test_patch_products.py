@@ -42,6 +42,8 @@ def test_only_half_precision_patch_embeddings_of_fewer_than_8_channels_run_as_ma
     assert patch_product_nodes(_patchified("bf16")) == {"stem"}
     assert patch_product_nodes(_patchified("fp32")) == set()  # cuDNN's padding was measured in half precision only
     assert patch_product_nodes(_patchified("fp16", size=18)) == set()  # 18 is no multiple of 4: a last partial patch
+    # Without the channel cap, every patchifying convolution (ConvNeXt's 2x2 downsampling too; a probe's variant).
+    assert patch_product_nodes(_patchified("fp16"), below_channels=None) == {"stem", "downsample"}
 
 
 @pytest.mark.parametrize("precision, tolerance", [("fp32", 1e-5), ("fp16", 2e-3), ("bf16", 1e-2)])

@@ -499,10 +499,11 @@ def _vector_product(node, args, w):
 PATCHES_BELOW_CHANNELS = 8
 
 
-def _is_patch_embedding(node: Node, graph: Graph) -> bool:
-    """A dense half-precision convolution that cuts a map of fewer than `PATCHES_BELOW_CHANNELS` channels into whole,
-    non-overlapping patches (kernel = stride > 1, no padding, no dilation, the map a multiple of the patch):
-    ViT's and BEiT's patch embeddings, ConvNeXt's and Swin's 4x4 stems."""
+def _is_patch_embedding(node: Node, graph: Graph, below_channels: int | None = PATCHES_BELOW_CHANNELS) -> bool:
+    """A dense half-precision convolution that cuts a map of fewer than `below_channels` channels (any, with None)
+    into whole, non-overlapping patches (kernel = stride > 1, no padding, no dilation, the map a multiple of the
+    patch): ViT's and BEiT's patch embeddings, ConvNeXt's and Swin's 4x4 stems (and, with None, ConvNeXt's 2x2
+    downsampling)."""
     a = node.attrs
     if node.kind is not OpKind.CONV2D or a.weight is None or a.groups != 1 or any(a.padding):
         return False
@@ -510,13 +511,14 @@ def _is_patch_embedding(node: Node, graph: Graph) -> bool:
         return False
     _, channels, kh, kw = graph.weights[a.weight].shape
     height, width = graph.node(node.inputs[0]).type.shape[2:]
-    return (tuple(a.stride) == (kh, kw) != (1, 1) and tuple(a.dilation) == (1, 1) and channels < PATCHES_BELOW_CHANNELS
+    few = below_channels is None or channels < below_channels
+    return (tuple(a.stride) == (kh, kw) != (1, 1) and tuple(a.dilation) == (1, 1) and few
             and height % kh == 0 and width % kw == 0)
 
 
-def patch_product_nodes(graph: Graph) -> frozenset[str]:
+def patch_product_nodes(graph: Graph, below_channels: int | None = PATCHES_BELOW_CHANNELS) -> frozenset[str]:
     """The patch embeddings the compiled CUDA engine runs as one matrix product (`_patch_product`)."""
-    return frozenset(n.name for n in graph.nodes if _is_patch_embedding(n, graph))
+    return frozenset(n.name for n in graph.nodes if _is_patch_embedding(n, graph, below_channels))
 
 
 def _patch_product(node, args, w):
