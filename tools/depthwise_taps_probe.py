@@ -57,15 +57,12 @@ VARIANTS = {
     "the engine, the rest triton": depthwise_taps_nodes,
     # The engine's taps, and its patch embeddings as matrix products (`_patch_product`).
     "the engine, patch products": depthwise_taps_nodes,
-    # The depthwise-kernel lowering as a build compiles it (taps, the rest on the Triton kernel, patch products),
-    # and the same with every patchifying convolution as a product, whatever its channels (ConvNeXt's downsampling).
+    # The depthwise-kernel lowering as a build compiles it (taps, the rest on the Triton kernel, patch products;
+    # commit 2932233's probe also timed it with only the patch embeddings of fewer than 8 channels as products, run 39).
     "depthwise kernel, patch products": depthwise_taps_nodes,
-    "depthwise kernel, every patchify a product": depthwise_taps_nodes,
 }
-ON_TRITON = {"triton depthwise", "the engine, the rest triton", "depthwise kernel, patch products",
-             "depthwise kernel, every patchify a product"}
+ON_TRITON = {"triton depthwise", "the engine, the rest triton", "depthwise kernel, patch products"}
 WITH_PATCH_PRODUCTS = {"the engine, patch products", "depthwise kernel, patch products"}
-EVERY_PATCHIFY = {"depthwise kernel, every patchify a product"}
 
 
 def main() -> None:
@@ -90,8 +87,6 @@ def probe(arch: str, batches: list[int], out: Path, compile_only: bool, variants
             taps = VARIANTS[name](graph, batch)
             fusions = depthwise_kernels(graph, exclude=taps) if name in ON_TRITON else None
             patches = patch_product_nodes(graph) if name in WITH_PATCH_PRODUCTS else frozenset()
-            if name in EVERY_PATCHIFY:
-                patches = patch_product_nodes(graph, below_channels=None)
             module = to_fx(graph, quantized_gemms=True, depthwise_taps=taps, patch_products=patches, fusions=fusions)
             replays[name, batch], outputs[name, batch], first_calls[name, batch] = engine_replay(
                 module, graph, batch, kernels=fusions)

@@ -60,10 +60,6 @@
 #                (`patch_product_nodes`, every CUDA lowering since run 26), batch 1 and 128, for PATCHES_ARCHS
 #                (default the ones not yet measured: swin_tiny_patch4_window7_224 edgenext_small beit_base_patch16_224;
 #                run 26 measured vit_base_patch16_224 -13.5% / -6.2%, convnext_tiny -3.1% / +0.3%); in patches/ARCH.json
-#   downsample   tools/depthwise_taps_probe.py: the depthwise-kernel lowering as a build compiles it against the same
-#                with every patchifying convolution as one matrix product (ConvNeXt's and EdgeNeXt's 2x2 stride-2
-#                downsampling, on cuDNN's Ampere-era kernel in run 38's profiles), batch 1 and 128, for
-#                DOWNSAMPLE_ARCHS (default convnext_tiny edgenext_small); results in downsample/ARCH.json
 #   dwtune       tools/depthwise_kernel_tune.py: every depthwise convolution of convnext_tiny, edgenext_small,
 #                efficientnet_b0, ghostnet_100, tf_efficientnetv2_s and fastvit_t8 one at a time at batch 1 and 128, on
 #                cuDNN, on trtmc's Triton kernel as built and with other tiles, and on a row-tiled variant (run 22,
@@ -308,12 +304,6 @@ patches() {  # patch embeddings as cuDNN's padded convolution against one matrix
     per_arch_probe depthwise_taps_probe.py patches 4 \
         "${PATCHES_ARCHS:-swin_tiny_patch4_window7_224 edgenext_small beit_base_patch16_224}" \
         --batch 1 --batch 128 --variant "the engine" --variant "the engine, patch products"
-}
-
-downsample() {  # ConvNeXt's 2x2 downsampling as matrix products, beside the depthwise-kernel lowering (run 39)
-    per_arch_probe depthwise_taps_probe.py downsample 8 "${DOWNSAMPLE_ARCHS:-convnext_tiny edgenext_small}" \
-        --batch 1 --batch 128 --variant "depthwise kernel, patch products" \
-        --variant "depthwise kernel, every patchify a product"
 }
 
 dwtune() {  # the tune probe writes ARCH.json after each batch size: a time limit keeps what was timed

@@ -89,9 +89,9 @@ MAX_GEMM_SHAPES = 8
 GEMM_TEMPLATE_OPTIONS = {"max_autotune_gemm": True, "max_autotune_gemm_backends": "ATEN,TRITON"}
 
 
-# Patch embeddings of few channels (ViT's, BEiT's, ConvNeXt's and Swin's stems) as one matrix product each, in every
-# lowering (`torch_lowering.patch_product_nodes`, where the measurements are), not a candidate timed at build (a whole
-# compile per batch size).
+# Patchifying convolutions (ViT's, BEiT's, ConvNeXt's and Swin's stems, ConvNeXt's downsampling) as one matrix
+# product each, in every lowering (`torch_lowering.patch_product_nodes`, where the measurements are), not a candidate
+# timed at build (a whole compile per batch size).
 PATCH_PRODUCTS_AT_BUILD = True
 
 
@@ -324,7 +324,7 @@ class CompiledCuda:
     convolutions on 1x1 maps as products and a sum (`vector_product_nodes`: at batch 1), and, where the build
     measured it faster, convolutions with their bias, residual add and ReLU as one cuDNN call (`chosen`: batch
     size -> candidate name, from the engine's record; `lowering_candidates`). A batch size is compiled at its
-    first call. Every lowering runs the `patches` (patch embeddings of few channels) as matrix products
+    first call. Every lowering runs the `patches` (patchifying convolutions) as matrix products
     (`patch_product_nodes`). fp8/int8 graphs run their quantized 1x1 convolutions and linear ops as FP8 / INT8 GEMMs
     (the quantize ops feeding them fuse into their producers' kernels), not fp16 ops on dequantized values."""
 

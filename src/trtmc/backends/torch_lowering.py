@@ -495,30 +495,31 @@ def _vector_product(node, args, w):
 # tools/fp8_probe.py) and 708 + 115 us of the expert's 11.09 ms (run 26, H100): ~42 TFLOP/s for what is one
 # [25088 x 768] by [768 x 768] matrix product; at batch 1 cuDNN's kernel for it took 76 us. As that product
 # (`_patch_product`) the engine ran vit_base at batch 128 in 10.53 ms against 11.23 and at batch 1 in 0.553 against
-# 0.639 (run 26, H100, `benchmarks/results/2026-12-06-h100-run26-patches/`).
-PATCHES_BELOW_CHANNELS = 8
+# 0.639 (run 26, H100, `benchmarks/results/2026-12-06-h100-run26-patches/`). Wider maps gain too: ConvNeXt's and
+# EdgeNeXt's 2x2 stride-2 downsampling (96-384 channels) as products took convnext_tiny's depthwise-kernel engine
+# from 6.825 to 6.680 ms at batch 128 and 0.4226 to 0.4124 at batch 1, edgenext_small's from 4.532 to 4.485 and
+# 0.4291 to 0.4266 (run 39, H100, `benchmarks/results/2026-12-07-h100-run39-downsample/`), so every patchifying
+# convolution is one, whatever its channels (until run 39 only those of fewer than 8).
 
 
-def _is_patch_embedding(node: Node, graph: Graph, below_channels: int | None = PATCHES_BELOW_CHANNELS) -> bool:
-    """A dense half-precision convolution that cuts a map of fewer than `below_channels` channels (any, with None)
-    into whole, non-overlapping patches (kernel = stride > 1, no padding, no dilation, the map a multiple of the
-    patch): ViT's and BEiT's patch embeddings, ConvNeXt's and Swin's 4x4 stems (and, with None, ConvNeXt's 2x2
-    downsampling)."""
+def _is_patch_embedding(node: Node, graph: Graph) -> bool:
+    """A dense half-precision convolution that cuts its map into whole, non-overlapping patches (kernel = stride > 1,
+    no padding, no dilation, the map a multiple of the patch): ViT's and BEiT's patch embeddings, ConvNeXt's and
+    Swin's 4x4 stems, ConvNeXt's 2x2 downsampling."""
     a = node.attrs
     if node.kind is not OpKind.CONV2D or a.weight is None or a.groups != 1 or any(a.padding):
         return False
-    if node.type.dtype not in (DType.F16, DType.BF16):  # cuDNN's padding is measured in half precision only
+    if node.type.dtype not in (DType.F16, DType.BF16):  # the products are measured in half precision only
         return False
-    _, channels, kh, kw = graph.weights[a.weight].shape
+    kh, kw = graph.weights[a.weight].shape[2:]
     height, width = graph.node(node.inputs[0]).type.shape[2:]
-    few = below_channels is None or channels < below_channels
-    return (tuple(a.stride) == (kh, kw) != (1, 1) and tuple(a.dilation) == (1, 1) and few
+    return (tuple(a.stride) == (kh, kw) != (1, 1) and tuple(a.dilation) == (1, 1)
             and height % kh == 0 and width % kw == 0)
 
 
-def patch_product_nodes(graph: Graph, below_channels: int | None = PATCHES_BELOW_CHANNELS) -> frozenset[str]:
-    """The patch embeddings the compiled CUDA engine runs as one matrix product (`_patch_product`)."""
-    return frozenset(n.name for n in graph.nodes if _is_patch_embedding(n, graph, below_channels))
+def patch_product_nodes(graph: Graph) -> frozenset[str]:
+    """The patchifying convolutions the compiled CUDA engine runs as one matrix product (`_patch_product`)."""
+    return frozenset(n.name for n in graph.nodes if _is_patch_embedding(n, graph))
 
 
 def _patch_product(node, args, w):
