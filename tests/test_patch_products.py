@@ -42,7 +42,7 @@ def test_only_half_precision_patchifying_convolutions_run_as_matrix_products():
     assert patch_product_nodes(_patchified("fp16")) == {"stem", "downsample"}
     assert patch_product_nodes(_patchified("bf16")) == {"stem", "downsample"}
     assert patch_product_nodes(_patchified("fp32")) == set()  # the products were measured in half precision only
-    # 18 is no multiple of 4 (a last partial patch); the 4 x 4 map it leaves (18 // 4) is one of 2 for the downsampling.
+    # 18 is no multiple of 4 (a last partial patch); the stem's 4 x 4 output cuts into the downsampling's 2 x 2 patches.
     assert patch_product_nodes(_patchified("fp16", size=18)) == {"downsample"}
 
 
