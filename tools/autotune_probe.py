@@ -8,6 +8,9 @@ bench's `expert` baseline does: torch.compile's default mode (the expert), and o
 - `gemm_templates`: the matrix products only (Triton GEMM templates beside cuBLAS, the exact GELU and biases fused
   into the chosen template's epilogue; convolutions stay cuDNN): the lever for vit_base_patch16_224 and
   convnext_tiny, where trtmc and the expert run the same kernels and each MLP's GELU is a kernel of its own;
+- `gemm_templates_tma`: the same with Inductor's persistent TMA matmul templates among the choices (Hopper's bulk
+  copies and warp-group MMAs: templates nearer cuBLAS's speed on large products, where run 25's batch-128 autotuning
+  of vit_base's products picked cuBLAS for every one, and the GELU stayed a kernel of its own);
 - `pdl`: Inductor's programmatic dependent launch on Hopper (`triton.enable_pdl`: each Triton kernel is launched
   before the one it follows has finished and waits in-kernel for its inputs), for the launch-bound batch 1 of
   ghostnet_100, efficientnet_b0 and resnet50 (~60-150 kernels of 2-5 us each).
@@ -38,6 +41,8 @@ OPTIONS = {
     "max_autotune_templates": {"max_autotune": True, "max_autotune_conv_backends": "ATEN,TRITON",
                                "max_autotune_gemm_backends": "ATEN,TRITON"},
     "gemm_templates": {"max_autotune_gemm": True, "max_autotune_gemm_backends": "ATEN,TRITON"},
+    "gemm_templates_tma": {"max_autotune_gemm": True, "max_autotune_gemm_backends": "ATEN,TRITON",
+                           "triton.enable_persistent_tma_matmul": True},
     "pdl": {"triton.enable_pdl": True},
 }
 

@@ -48,7 +48,8 @@
 #                templates for resnet50, each against the expert at batch 1 and 128, one model at a time (an equal
 #                share of the time left each); results in templates/ARCH.json after every batch size;
 #                TEMPLATES_ARCHS="vit_base_patch16_224 ..." and TEMPLATES_BATCHES="128" narrow it (run 24: one
-#                model's two batch sizes need ~250 s)
+#                model's two batch sizes need ~250 s); TEMPLATES_VARIANTS="gemm_templates,gemm_templates_tma" sets
+#                every chosen model's variants (comma-separated, the probe's names)
 #   dwtriton     tools/depthwise_taps_probe.py: the engine against the engine with every depthwise convolution it
 #                leaves to cuDNN on trtmc's Triton kernel (`trtmc.backends.depthwise_kernel`; run 21), batch
 #                1 and 128, for the four entries whose depthwise convolutions cuDNN still runs at batch 1
@@ -376,6 +377,7 @@ templates() {  # TEMPLATES_ARCHS picks models (run 24: a 300 s call measured vit
     local pairs=(vit_base_patch16_224:gemm_templates convnext_tiny:gemm_templates resnet50:max_autotune_templates)
     local chosen=() pair
     for pair in "${pairs[@]}"; do
+        [ -n "${TEMPLATES_VARIANTS:-}" ] && pair="${pair%%:*}:$TEMPLATES_VARIANTS"  # e.g. gemm_templates,gemm_templates_tma
         [[ " ${TEMPLATES_ARCHS:-${pairs[*]%%:*}} " == *" ${pair%%:*} "* ]] && chosen+=("$pair")
     done
     inductor_options templates "${TEMPLATES_BATCHES:-1 128}" "${chosen[@]}"
