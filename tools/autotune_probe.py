@@ -9,7 +9,7 @@ bench's `expert` baseline does: torch.compile's default mode (the expert), and o
   into the chosen template's epilogue; convolutions stay cuDNN): the lever for vit_base_patch16_224 and
   convnext_tiny, where trtmc and the expert run the same kernels and each MLP's GELU is a kernel of its own;
 - `gemm_templates_tma`: the same with Inductor's persistent TMA matmul templates among the choices (Hopper's bulk
-  copies and warp-group MMAs: templates nearer cuBLAS's speed on large products, where run 25's batch-128 autotuning
+  copies and warp-group MMAs: templates nearer cuBLAS's speed on large products, where run 26's batch-128 autotuning
   of vit_base's products picked cuBLAS for every one, and the GELU stayed a kernel of its own);
 - `pdl`: Inductor's programmatic dependent launch on Hopper (`triton.enable_pdl`: each Triton kernel is launched
   before the one it follows has finished and waits in-kernel for its inputs), for the launch-bound batch 1 of

@@ -502,7 +502,7 @@ def _vector_product(node, args, w):
 # convolution is one, whatever its channels (until run 39 only those of fewer than 8).
 
 
-def _is_patch_embedding(node: Node, graph: Graph) -> bool:
+def _is_patchifying(node: Node, graph: Graph) -> bool:
     """A dense half-precision convolution that cuts its map into whole, non-overlapping patches (kernel = stride > 1,
     no padding, no dilation, the map a multiple of the patch): ViT's and BEiT's patch embeddings, ConvNeXt's and
     Swin's 4x4 stems, ConvNeXt's 2x2 downsampling."""
@@ -519,7 +519,7 @@ def _is_patch_embedding(node: Node, graph: Graph) -> bool:
 
 def patch_product_nodes(graph: Graph) -> frozenset[str]:
     """The patchifying convolutions the compiled CUDA engine runs as one matrix product (`_patch_product`)."""
-    return frozenset(n.name for n in graph.nodes if _is_patch_embedding(n, graph))
+    return frozenset(n.name for n in graph.nodes if _is_patchifying(n, graph))
 
 
 def _patch_product(node, args, w):
