@@ -56,6 +56,9 @@
 #                (edgenext_small's and convnext_tiny's 7x7, efficientnet_b0's and ghostnet_100's feeding
 #                squeeze-excite means); compiled in parallel first, then timed one model at a time, an equal share
 #                of the time left each; results in dwtriton/ARCH.json (DWTRITON_BATCHES="--batch 128": one size)
+#   gelu         tools/gelu_products_probe.py on GELU_ARCHS (default convnext_tiny vit_base_patch16_224
+#                edgenext_small) at GELU_BATCHES (default 1 and 128): the lowering a build keeps, and the same with
+#                each GELU after a half-precision product computed with it as one cuBLASLt call; in gelu/ARCH.json
 #   patches      tools/depthwise_taps_probe.py: the engine with its patch embeddings on cuDNN (padded to 8 channels,
 #                run 26: 708 + 115 us of vit_base's 11.09 ms at batch 128) against the same as one matrix product each
 #                (`patch_product_nodes`, every CUDA lowering since run 26), batch 1 and 128, for PATCHES_ARCHS
@@ -305,6 +308,11 @@ patches() {  # patch embeddings as cuDNN's padded convolution against one matrix
     per_arch_probe depthwise_taps_probe.py patches 4 \
         "${PATCHES_ARCHS:-swin_tiny_patch4_window7_224 edgenext_small beit_base_patch16_224}" \
         --batch 1 --batch 128 --variant "the engine" --variant "the engine, patch products"
+}
+
+gelu() {  # a GELU's matrix product, bias and GELU as one cuBLASLt call, against the lowering a build keeps
+    per_arch_probe gelu_products_probe.py gelu 4 "${GELU_ARCHS:-convnext_tiny vit_base_patch16_224 edgenext_small}" \
+        ${GELU_BATCHES:---batch 1 --batch 128}
 }
 
 dwtune() {  # the tune probe writes ARCH.json after each batch size: a time limit keeps what was timed

@@ -35,7 +35,8 @@ from ..graph import Graph
 from . import Batching, BuiltEngine, Engine, EngineEntry, EngineSpec, LoadOptions, Progress, triton_cache
 from .engine_io import EngineBase, PixelSpec, device_missing_reason
 from .inductor_lowerings import (
-    INDUCTOR_OPTIONS, LOWERINGS, PATCH_PRODUCTS, captured, choose_lowering, compile_cuda, inductor_options,
+    GELU_PRODUCTS, INDUCTOR_OPTIONS, LOWERINGS, PATCH_PRODUCTS, captured, choose_lowering, compile_cuda,
+    inductor_options,
 )
 from .torch_lowering import channels_last_weights, to_fx
 
@@ -177,6 +178,7 @@ def _build_cuda(graph: Graph, spec: EngineSpec, progress: Progress) -> tuple[dic
         LOWERINGS: choices,
         INDUCTOR_OPTIONS: compiled.options,
         PATCH_PRODUCTS: sorted(compiled.patches),
+        GELU_PRODUCTS: sorted(compiled.gelus),
     }
 
 

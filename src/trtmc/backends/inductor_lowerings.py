@@ -22,6 +22,7 @@ import torch
 from ..graph import Graph, Node, OpKind
 from . import Progress
 from .fused_convolutions import fused_convolutions
+from .gelu_products import gelu_products
 from .gpu_lock import device_lock, share_gpu_with_timing, timing_alone
 from .torch_lowering import (
     channels_last_weights, depthwise_taps_nodes, is_depthwise, patch_product_nodes, to_fx, vector_product_nodes,
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 LOWERINGS = "lowerings"  # the engine record's key: per batch size, the lowering chosen at build and why
 INDUCTOR_OPTIONS = "inductor_options"  # the engine record's key: the Inductor options the build compiled with
 PATCH_PRODUCTS = "patch_products"  # the engine record's key: the patch embeddings the build ran as matrix products
+GELU_PRODUCTS = "gelu_products"  # the engine record's key: the GELUs the build ran with their product (cuBLASLt)
 PLAIN, FUSED, KERNEL, GEMM = "plain", "cudnn-fused", "depthwise-kernel", "gemm-templates"
 # A candidate replaces the plain lowering only when its quickest replay is at least this much faster: two
 # compiles of the same graph time within ~1% of each other (benchmarks/NOTES.md, run 6).
@@ -94,6 +96,13 @@ GEMM_TEMPLATE_OPTIONS = {"max_autotune_gemm": True, "max_autotune_gemm_backends"
 # timed at build (a whole compile per batch size).
 PATCH_PRODUCTS_AT_BUILD = True
 
+# Every GELU after a half-precision linear op or 1x1 convolution computed with that product, its bias and the GELU
+# as one cuBLASLt call (`gelu_products`), in every lowering, not a candidate timed at build (a whole compile per batch
+# size). Off until measured: `tools/gelu_products_probe.py` times the lowering a build keeps with and without them
+# (prediction: convnext_tiny's batch-128 engine ~1 ms quicker of 6.7, its bias-and-GELU kernels taking ~1.9 ms in run
+# 39's profile; batch 1 a launch per block fewer; benchmarks/NOTES.md, thirty-fifth session).
+GELU_PRODUCTS_AT_BUILD = False
+
 
 def inductor_options(capability: tuple[int, int]) -> dict[str, Any]:
     """The Inductor options a CUDA build asks for on a GPU of this compute capability (`CompiledCuda` keeps those
@@ -130,6 +139,7 @@ class Lowering:
     fused: bool = False
     depthwise_kernel: bool = False
     gemm_templates: bool = False
+    gelus: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if self.fused and self.depthwise_kernel:
@@ -143,17 +153,20 @@ class Lowering:
         return self.taps | self.products | self.patches
 
     def module(self, graph: Graph, device: torch.device) -> torch.nn.Module:
-        fusions = None
+        fusions, kernels = {}, {}
         if self.fused:
-            fusions = fused_convolutions(graph, exclude=self.rewritten)
+            fusions.update(fused_convolutions(graph, exclude=self.rewritten))
         elif self.depthwise_kernel:
             from .depthwise_kernel import depthwise_kernels, taps_major_weights  # imports Triton: only here
 
-            fusions = depthwise_kernels(graph, exclude=self.taps)
+            kernels = depthwise_kernels(graph, exclude=self.taps)
+            fusions.update(kernels)
+        if self.gelus:
+            fusions.update({k: v for k, v in gelu_products(graph, exclude=self.rewritten).items() if k in self.gelus})
         fx = to_fx(graph, quantized_gemms=True, depthwise_taps=self.taps, vector_products=self.products,
                    patch_products=self.patches, fusions=fusions)
         module = channels_last_weights(fx.eval().to(device), graph)
-        return taps_major_weights(module, fusions) if self.depthwise_kernel else module
+        return taps_major_weights(module, kernels) if self.depthwise_kernel else module
 
     def inductor_options(self) -> dict[str, Any]:
         """The Inductor options this lowering adds to the build's own (`inductor_options`)."""
@@ -162,7 +175,8 @@ class Lowering:
 
 def lowering_candidates(graph: Graph, batch: int, depthwise_kernel: bool | None = None,
                         gemm_templates: bool | None = None,
-                        patches: frozenset[str] = frozenset()) -> dict[str, Lowering]:
+                        patches: frozenset[str] = frozenset(),
+                        gelus: frozenset[str] = frozenset()) -> dict[str, Lowering]:
     """The lowerings a build times at `batch`: the plain one (taps and products where measured faster, run 9
     and 11) and, where the graph has ReLUs after half-precision convolutions, the same with those fused, except
     where the plain lowering runs most depthwise convolutions as taps (at batch 1): there the ReLU before a
@@ -179,8 +193,9 @@ def lowering_candidates(graph: Graph, batch: int, depthwise_kernel: bool | None 
     those lines elsewhere loads the lowering it chose. It rides on the depthwise kernel wherever the kernel's own
     conditions hold (a transformer with depthwise convolutions, edgenext_small's, would otherwise have to pick
     one of the two); those conditions are the graph's alone, not `depthwise_kernel`'s, so that a load rebuilds
-    the lowering its build timed. Every candidate runs the `patches` (`CompiledCuda.patches`) as matrix products."""
-    plain = Lowering(depthwise_taps_nodes(graph, batch), vector_product_nodes(graph, batch), patches)
+    the lowering its build timed. Every candidate runs the `patches` (`CompiledCuda.patches`) as matrix products and
+    the `gelus` (`CompiledCuda.gelus`) with their products as one call."""
+    plain = Lowering(depthwise_taps_nodes(graph, batch), vector_product_nodes(graph, batch), patches, gelus=gelus)
     candidates = {PLAIN: plain}
     depthwise = [node.name for node in graph.nodes if is_depthwise(node, graph)]
     mostly_taps = bool(depthwise) and 2 * len(plain.taps) >= len(depthwise)
@@ -250,7 +265,7 @@ def choose_lowering(compiled: "CompiledCuda", graph: Graph, example: torch.Tenso
     (`gpu_lock`): builds running side by side compile together but time one at a time, and no process's Inductor
     benchmarks its kernels meanwhile."""
     batch = example.shape[0]
-    candidates = lowering_candidates(graph, batch, patches=compiled.patches)
+    candidates = lowering_candidates(graph, batch, patches=compiled.patches, gelus=compiled.gelus)
     lock = device_lock(example.device.index or 0)
     share_gpu_with_timing(lock)  # this build's autotuning never runs while another build times
     if len(candidates) == 1:  # nothing to choose: compile the plain lowering, as before there were candidates
@@ -325,14 +340,17 @@ class CompiledCuda:
     measured it faster, convolutions with their bias, residual add and ReLU as one cuDNN call (`chosen`: batch
     size -> candidate name, from the engine's record; `lowering_candidates`). A batch size is compiled at its
     first call. Every lowering runs the `patches` (patchifying convolutions) as matrix products
-    (`patch_product_nodes`). fp8/int8 graphs run their quantized 1x1 convolutions and linear ops as FP8 / INT8 GEMMs
-    (the quantize ops feeding them fuse into their producers' kernels), not fp16 ops on dequantized values."""
+    (`patch_product_nodes`) and the `gelus` with their products as one cuBLASLt call (`gelu_products`). fp8/int8
+    graphs run their quantized 1x1 convolutions and linear ops as FP8 / INT8 GEMMs (the quantize ops feeding them
+    fuse into their producers' kernels), not fp16 ops on dequantized values."""
 
     def __init__(self, graph: Graph, chosen: Mapping[int, str] | None = None,
-                 options: Mapping[str, Any] | None = None, patches: frozenset[str] = frozenset()) -> None:
+                 options: Mapping[str, Any] | None = None, patches: frozenset[str] = frozenset(),
+                 gelus: frozenset[str] = frozenset()) -> None:
         self._graph = graph
         self._chosen = dict(chosen or {})
         self.patches = patches
+        self.gelus = gelus
         self.options = known_options(options or {})
         self._by_lowering: dict[Lowering, torch.nn.Module] = {}
         self._by_batch: dict[int, torch.nn.Module] = {}
@@ -351,7 +369,7 @@ class CompiledCuda:
         """The lowering `batch` runs: the one chosen for it (`choose`, or the engine's record), else the plain one;
         or the candidate `name`."""
         candidates = lowering_candidates(self._graph, batch, depthwise_kernel=True, gemm_templates=True,
-                                         patches=self.patches)
+                                         patches=self.patches, gelus=self.gelus)
         name = name or self._chosen.get(batch, PLAIN)
         if name not in candidates:
             raise RuntimeError(f"the engine was built with the {name!r} lowering at batch {batch}, which this "
@@ -397,11 +415,16 @@ def compile_cuda(graph: Graph, record: Mapping[str, Any] | None = None,
     bundles from before that record run the plain lowering), the Inductor options it was compiled with
     (`INDUCTOR_OPTIONS` in the record; a build passes `options`, from `inductor_options`) and the patch embeddings
     it ran as matrix products (`PATCH_PRODUCTS` in the record, none in bundles from before it; a build, passing no
-    record, runs `patch_product_nodes(graph)` so where `PATCH_PRODUCTS_AT_BUILD`)."""
+    record, runs `patch_product_nodes(graph)` so where `PATCH_PRODUCTS_AT_BUILD`), and likewise the GELUs it ran with
+    their products (`GELU_PRODUCTS`, `gelu_products(graph)` where `GELU_PRODUCTS_AT_BUILD`)."""
     building, record = record is None, record or {}
     if building and PATCH_PRODUCTS_AT_BUILD:
         patches = patch_product_nodes(graph)
     else:
         patches = frozenset(record.get(PATCH_PRODUCTS, ()))
+    if building and GELU_PRODUCTS_AT_BUILD:
+        gelus = frozenset(gelu_products(graph, exclude=patches))
+    else:
+        gelus = frozenset(record.get(GELU_PRODUCTS, ()))
     chosen = {int(batch): c["chosen"] for batch, c in record.get(LOWERINGS, {}).items()}
-    return CompiledCuda(graph, chosen, record.get(INDUCTOR_OPTIONS, options), patches)
+    return CompiledCuda(graph, chosen, record.get(INDUCTOR_OPTIONS, options), patches, gelus)

@@ -73,7 +73,7 @@ def run(args) -> int:
 def lowering_lines(record) -> list[str]:
     """What a CUDA inductor build measured and kept at each batch size (the record's `lowerings`), one line each:
     `batch 128: cudnn-fused kept (plain 2.268 ms, cudnn-fused 2.109 ms)`; then the patch embeddings every lowering
-    runs as a matrix product (`patch_products`), if any."""
+    runs as a matrix product (`patch_products`) and the GELUs it runs with their products (`gelu_products`), if any."""
     lines = []
     for batch, choice in sorted(record.get("lowerings", {}).items(), key=lambda item: int(item[0])):
         times = ", ".join(f"{name} {ms:.3f} ms" for name, ms in choice.get("ms", {}).items())
@@ -81,6 +81,8 @@ def lowering_lines(record) -> list[str]:
         lines.append(f"batch {batch}: {choice['chosen']} kept" + (f" ({times})" if times else " (the only candidate)") + failed)
     if record.get("patch_products"):
         lines.append("patch embeddings as one matrix product each: " + ", ".join(record["patch_products"]))
+    if record.get("gelu_products"):
+        lines.append(f"GELUs with their matrix product as one cuBLASLt call: {len(record['gelu_products'])}")
     return lines
 
 
