@@ -24,18 +24,13 @@ Writes OUT_DIR/ARCH.json and prints one line per row.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
-import torch
-
 from trtmc.backends.depthwise_kernel import depthwise_kernels
 from trtmc.backends.torch_lowering import depthwise_taps_nodes, patch_product_nodes, to_fx
-from trtmc.bench.spec import TimingProtocol
-from trtmc.bench.timing import CudaEventClock, TimedCall, time_interleaved
 
-from probe_common import engine_replay, kernels, random_fp16_graph
+from probe_common import engine_replay, random_fp16_graph, timed_rows, write_rows
 
 UNCAPPED = 9  # the widest depthwise kernel of the bench's networks (mixnet_s); the engine's choice until run 16
 
@@ -93,27 +88,14 @@ def probe(arch: str, batches: list[int], out: Path, compile_only: bool, variants
             print(f"{arch} b{batch} {name}: compiled ({time.perf_counter() - started:.0f} s)", flush=True)
     if compile_only:
         return
-    outcome = time_interleaved({k: TimedCall(r, CudaEventClock()) for k, r in replays.items()}, TimingProtocol())
-    rows = []
-    for (name, batch), replay in replays.items():
-        timing = outcome.timings[name, batch]
-        reference = outputs[variants[0], batch].float()
-        table = kernels(replay)
-        rows.append({
-            "variant": name, "batch": batch, "median_ms": round(timing.median_ms, 4),
-            "spread": round(timing.spread, 4), "stable": timing.stable,
-            "kernels": sum(r["count"] for r in table), "kernel_us": round(sum(r["us"] for r in table), 1),
-            "reference": variants[0],
-            "max_diff_vs_reference": float((outputs[name, batch].float() - reference).abs().max()
-                                           / reference.abs().max()),
-            "first_three_calls_s": round(first_calls[name, batch], 2), "top": table[:12],
-        })
-        r = rows[-1]
+    rows = timed_rows(replays, outputs, lambda batch: (variants[0], batch))
+    for r in rows:
+        name, batch = r["variant"], r["batch"]
+        r["first_three_calls_s"] = round(first_calls[name, batch], 2)
         print(f"{arch} b{batch} {name}: {r['median_ms']} ms (spread {r['spread']:.1%}), {r['kernels']} kernels, "
               f"{r['first_three_calls_s']} s to compile, diff from {variants[0]} {r['max_diff_vs_reference']:.1e}",
               flush=True)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{arch}.json").write_text(json.dumps({"arch": arch, "torch": torch.__version__, "rows": rows}, indent=1))
+    write_rows(out, arch, rows)
 
 
 if __name__ == "__main__":

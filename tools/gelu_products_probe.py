@@ -14,7 +14,6 @@ parallel first fills Inductor's disk caches for the timed run). Writes OUT_DIR/A
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -25,10 +24,8 @@ from trtmc.backends.gelu_products import gelu_products
 from trtmc.backends.inductor import feed_dtype
 from trtmc.backends.inductor_lowerings import KERNEL, PLAIN, captured, lowering_candidates
 from trtmc.backends.torch_lowering import patch_product_nodes
-from trtmc.bench.spec import TimingProtocol
-from trtmc.bench.timing import CudaEventClock, TimedCall, time_interleaved
 
-from probe_common import kernels, random_fp16_graph
+from probe_common import random_fp16_graph, timed_rows, write_rows
 
 
 def main() -> None:
@@ -66,26 +63,17 @@ def probe(arch: str, batches: list[int], out: Path, compile_only: bool) -> None:
                   f"({time.perf_counter() - started:.0f} s)", flush=True)
     if compile_only:
         return
-    outcome = time_interleaved({k: TimedCall(r, CudaEventClock()) for k, r in replays.items()}, TimingProtocol())
-    rows = []
-    for (name, batch), replay in replays.items():
-        timing = outcome.timings[name, batch]
-        reference = next(outputs[k].float() for k in outputs if k[1] == batch)  # the batch's first row: the base
-        table = kernels(replay)
-        rows.append({
-            "variant": name, "batch": batch, "median_ms": round(timing.median_ms, 4),
-            "spread": round(timing.spread, 4), "stable": timing.stable,
-            "kernels": sum(r["count"] for r in table), "kernel_us": round(sum(r["us"] for r in table), 1),
-            "max_diff_vs_base": float((outputs[name, batch].float() - reference).abs().max() / reference.abs().max()),
-            "same_top1": float((outputs[name, batch].float().argmax(-1) == reference.argmax(-1)).float().mean()),
-            "compile_s": round(seconds[name, batch], 1), "top": table[:12],
-        })
-        r = rows[-1]
+    # Each batch's first row, the lowering as a build keeps it, is the others' reference.
+    rows = timed_rows(replays, outputs, lambda batch: next(k for k in outputs if k[1] == batch))
+    for r in rows:
+        key, base = (r["variant"], r["batch"]), (r["reference"], r["batch"])
+        same = outputs[key].float().argmax(-1) == outputs[base].float().argmax(-1)
+        r.update(same_top1=float(same.float().mean()), compile_s=round(seconds[key], 1))
+        name, batch = key
         print(f"{arch} b{batch} {name}: {r['median_ms']} ms (spread {r['spread']:.1%}), {r['kernels']} kernels "
-              f"{r['kernel_us']} us, diff from base {r['max_diff_vs_base']:.1e}, top-1 agreement {r['same_top1']:.2f}",
-              flush=True)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{arch}.json").write_text(json.dumps({"arch": arch, "torch": torch.__version__, "rows": rows}, indent=1))
+              f"{r['kernel_us']} us, diff from {r['reference']} {r['max_diff_vs_reference']:.1e}, top-1 agreement "
+              f"{r['same_top1']:.2f}", flush=True)
+    write_rows(out, arch, rows)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ inductor engine compiles it and replayed in a CUDA graph, and the kernels of one
 
 from __future__ import annotations
 
+import json
 import tempfile
 import time
 from collections import defaultdict
@@ -78,3 +79,39 @@ def kernels(replay) -> list[dict]:
             by_name[e.name[:90]].append(e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total)
     rows = [{"kernel": k, "count": len(v), "us": round(sum(v), 1)} for k, v in by_name.items()]
     return sorted(rows, key=lambda r: -r["us"])
+
+
+def timed_rows(replays: dict, outputs: dict, reference) -> list[dict]:
+    """A probe's replays, keyed by (variant, batch), timed interleaved with the bench's protocol: one `variant_row`
+    each, in the same order, its output compared with that of the key `reference(batch)` names."""
+    from trtmc.bench.spec import TimingProtocol
+    from trtmc.bench.timing import CudaEventClock, TimedCall, time_interleaved
+
+    outcome = time_interleaved({k: TimedCall(r, CudaEventClock()) for k, r in replays.items()}, TimingProtocol())
+    rows = []
+    for (name, batch), replay in replays.items():
+        base = reference(batch)
+        row = variant_row(name, batch, outcome.timings[name, batch], replay, outputs[name, batch], outputs[base])
+        rows.append({**row, "reference": base[0]})
+    return rows
+
+
+def variant_row(name: str, batch: int, timing, replay, output: torch.Tensor, reference: torch.Tensor) -> dict:
+    """One timed variant of a probe: its median and spread (`timing`, from `time_interleaved`), the kernels of one
+    replay (the longest twelve kept), and its output's largest difference from `reference`'s on the same pixels,
+    relative to the reference's largest value."""
+    table = kernels(replay)
+    reference = reference.float()
+    return {
+        "variant": name, "batch": batch, "median_ms": round(timing.median_ms, 4),
+        "spread": round(timing.spread, 4), "stable": timing.stable,
+        "kernels": sum(r["count"] for r in table), "kernel_us": round(sum(r["us"] for r in table), 1),
+        "max_diff_vs_reference": float((output.float() - reference).abs().max() / reference.abs().max()),
+        "top": table[:12],
+    }
+
+
+def write_rows(out: Path, arch: str, rows: list[dict]) -> None:
+    """OUT/ARCH.json: the probe's rows, with the torch that ran them."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{arch}.json").write_text(json.dumps({"arch": arch, "torch": torch.__version__, "rows": rows}, indent=1))
