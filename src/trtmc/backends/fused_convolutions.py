@@ -20,11 +20,11 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
-from ..graph import Activation, Binary, DType, Graph, Node, OpKind
-from .torch_lowering import _pad_if_asymmetric, is_depthwise
+from ..graph import Activation, Binary, Graph, Node, OpKind
+from .torch_lowering import HALF_DTYPES, _pad_if_asymmetric, is_depthwise
 
 # cuDNN's fused operation graphs take half-precision convolutions; fp32 ones would run in TF32 there.
-FUSED_DTYPES = (DType.F16, DType.BF16)
+FUSED_DTYPES = HALF_DTYPES
 
 
 def _output_like(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation) -> torch.Tensor:

@@ -22,17 +22,17 @@ from typing import Callable
 
 import torch
 
-from ..graph import Activation, DType, Graph, Node, OpKind
+from ..graph import Activation, Graph, Node, OpKind
+from .torch_lowering import HALF_DTYPES
 
 GELUS = (Activation.GELU, Activation.GELU_TANH)
-HALF = (DType.F16, DType.BF16)
 
 
 def _is_dense_product(node: Node, graph: Graph) -> bool:
     """A half-precision linear op, or a 1x1 convolution that is one (dense, stride 1, no padding), with a stored
     weight and a bias (the epilogue adds it)."""
     a = node.attrs
-    if node.type.dtype not in HALF or getattr(a, "weight", None) is None or not getattr(a, "bias", None):
+    if node.type.dtype not in HALF_DTYPES or getattr(a, "weight", None) is None or not getattr(a, "bias", None):
         return False
     if graph.node(node.inputs[0]).type.dtype is not node.type.dtype:
         return False
@@ -56,15 +56,14 @@ class GeluProduct:
     def lower(self, values: dict[str, torch.Tensor], w: Callable[[str], torch.Tensor]) -> torch.Tensor:
         a = self.product.attrs
         x, shape = values[self.product.inputs[0]], self.product.type.shape  # shapes from the graph (FX proxies)
-        weight = w(a.weight)
+        weight = w(a.weight)  # [out, in], or [out, in, 1, 1] for a 1x1 convolution
         out_features, in_features = weight.shape[:2]
-        if self.product.kind is OpKind.CONV2D:
-            # A channels-last map's pixels as rows: a view, no copy; the result rows are the output's pixels.
-            rows = x.permute(0, 2, 3, 1).reshape(-1, in_features)
-            y = torch._addmm_activation(w(a.bias), rows, weight.reshape(out_features, in_features).t(), use_gelu=True)
+        on_map = self.product.kind is OpKind.CONV2D
+        # A channels-last map's pixels as rows: a view, no copy; the result rows are the output's pixels.
+        rows = (x.permute(0, 2, 3, 1) if on_map else x).reshape(-1, in_features)
+        y = torch._addmm_activation(w(a.bias), rows, weight.reshape(out_features, in_features).t(), use_gelu=True)
+        if on_map:
             return y.reshape(-1, shape[2], shape[3], out_features).permute(0, 3, 1, 2)
-        rows = x.reshape(-1, in_features)
-        y = torch._addmm_activation(w(a.bias), rows, weight.t(), use_gelu=True)
         return y.reshape(-1, *shape[1:])
 
 

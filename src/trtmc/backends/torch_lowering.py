@@ -22,6 +22,7 @@ from ..graph import Activation, Binary, DType, Graph, Node, OpKind, PoolMode, Re
 from ..precision import PRECISIONS, precision_of
 
 TORCH_DTYPES = {p.dtype: p.torch_dtype for p in PRECISIONS.values()}
+HALF_DTYPES = (DType.F16, DType.BF16)
 
 Lowering = Callable[[Node, list[torch.Tensor], Callable[[str], torch.Tensor]], torch.Tensor]
 LOWERINGS: dict[OpKind, Lowering] = {}
@@ -509,7 +510,7 @@ def _is_patchifying(node: Node, graph: Graph) -> bool:
     a = node.attrs
     if node.kind is not OpKind.CONV2D or a.weight is None or a.groups != 1 or any(a.padding):
         return False
-    if node.type.dtype not in (DType.F16, DType.BF16):  # the products are measured in half precision only
+    if node.type.dtype not in HALF_DTYPES:  # the products are measured in half precision only
         return False
     kh, kw = graph.weights[a.weight].shape[2:]
     height, width = graph.node(node.inputs[0]).type.shape[2:]
