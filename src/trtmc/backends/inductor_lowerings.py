@@ -101,7 +101,7 @@ PATCH_PRODUCTS_AT_BUILD = True
 # size). Off until measured: `tools/gelu_products_probe.py` times the lowering a build keeps with and without them
 # (prediction: convnext_tiny's batch-128 engine ~1 ms quicker of 6.7, its bias-and-GELU kernels taking ~1.9 ms in run
 # 39's profile; batch 1 a launch per block fewer; benchmarks/NOTES.md, thirty-fifth session).
-GELU_PRODUCTS_AT_BUILD = False
+GELU_PRODUCTS_AT_BUILD = True
 
 
 def inductor_options(capability: tuple[int, int]) -> dict[str, Any]:
