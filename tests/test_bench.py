@@ -651,6 +651,14 @@ def test_resume_times_again_an_entry_that_other_code_timed(tiny, few_photos, tmp
     assert run_bench([entry], replace(opts, resume=True), clock_for=FAST).resumed == {}
 
 
+def test_the_source_digest_reads_code_not_comments_so_a_corrected_comment_keeps_the_records():
+    before = 'x = 1  # one\n\n\ndef f():\n    return "#not a comment"\n'
+    commented = '# a new note\nx = 1  # one, corrected\n\ndef f():\n    # why\n    return "#not a comment"   \n'
+    assert runner.code_text(before) == runner.code_text(commented)
+    assert runner.code_text(before) != runner.code_text(before.replace("x = 1", "x = 2"))
+    assert runner.code_text(before) != runner.code_text(before.replace("#not", "#no"))  # a hash in a string is code
+
+
 def _rewrite_record(workdir, name: str, **environment) -> None:
     import pickle
 
