@@ -97,7 +97,10 @@
 #   misses       tools/miss_profile.py (trtmc's engine against the expert, timed interleaved and kernel by kernel, batch
 #                1 and 128) for each of MISS_ARCHS (default efficientvit_b1, run 30's one row slower than the expert
 #                beyond the margin, at batch 128): the bench's prepared bundle where a bench ran on this machine
-#                (/tmp/bw), else one built here at max batch 128; results in misses/ARCH.json
+#                (/tmp/bw), else one built here at max batch 128; results in misses/ARCH.json (each launch in order
+#                under `launches`); MISS_CODE=TEXT runs it in an empty Inductor cache and keeps in misses/code/ the
+#                generated Python (output code and Triton kernels: the bundle's, the recompiled and the expert's) that
+#                names TEXT
 # Every step has its own time limit. $OUT gets session.log and results.tar.gz (measurements.jsonl: wall time and
 # peak RSS per command; folder/: the bench's results and ray.json; aoti/; probe/; clocks-STEP.csv: the GPU's SM and
 # memory clocks, power and temperature every 200 ms while the step ran, as nvidia-smi reads them).
@@ -364,7 +367,18 @@ behind_profile() { build_for_profile mobilevit_s; profile_misses behind/profile 
 misses() {  # run 30: efficientvit_b1 at batch 128 the one row slower than the expert beyond the margin (0.95x)
     local archs=${MISS_ARCHS:-efficientvit_b1} arch
     for arch in $archs; do build_for_profile "$arch"; done
-    profile_misses misses $archs
+    if [ -z "${MISS_CODE:-}" ]; then
+        profile_misses misses $archs
+        return
+    fi
+    # MISS_CODE=TEXT: the profile in an empty Inductor cache, then the generated code that names TEXT kept
+    rm -rf "$WORK/misses-inductor"
+    TORCHINDUCTOR_CACHE_DIR="$WORK/misses-inductor" profile_misses misses $archs
+    mkdir -p "$RESULTS/misses/code"
+    grep -rl --include='*.py' -e "$MISS_CODE" "$WORK/misses-inductor" | while read -r file; do
+        cp "$file" "$RESULTS/misses/code/$(basename "$(dirname "$file")")-$(basename "$file")"
+    done
+    echo "misses: $(ls "$RESULTS/misses/code" | wc -l) generated files naming $MISS_CODE" >>"$LOG"
 }
 
 inductor_options() {  # FOLDER "BATCH..." ARCH:VARIANT...: tools/autotune_probe.py per model, each an equal share of
