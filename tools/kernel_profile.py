@@ -28,20 +28,24 @@ def kind_of(name: str) -> str:
     return "other"
 
 
-def kernel_times(prof) -> dict[str, list[float]]:
-    """Each CUDA kernel's durations (us) in a finished torch.profiler run, copies and fills left out."""
-    per_kernel: dict[str, list[float]] = defaultdict(list)
-    for e in prof.events():
-        if e.device_type.name == "CUDA" and not e.name.startswith(("Memcpy", "Memset")):
-            per_kernel[e.name].append(e.time_range.elapsed_us())
-    return per_kernel
-
-
 def kernel_launches(prof) -> list[tuple[str, float]]:
     """Every CUDA kernel launch of a finished torch.profiler run in the order it ran, with its duration (us), copies
     and fills left out: where launches of one name differ, which ones do."""
     events = [e for e in prof.events() if e.device_type.name == "CUDA" and not e.name.startswith(("Memcpy", "Memset"))]
-    return [(e.name, round(e.time_range.elapsed_us(), 2)) for e in sorted(events, key=lambda e: e.time_range.start)]
+    return [(e.name, e.time_range.elapsed_us()) for e in sorted(events, key=lambda e: e.time_range.start)]
+
+
+def times_by_name(launches: list[tuple[str, float]]) -> dict[str, list[float]]:
+    """Each kernel's durations (us), from `kernel_launches`."""
+    per_kernel: dict[str, list[float]] = defaultdict(list)
+    for name, us in launches:
+        per_kernel[name].append(us)
+    return per_kernel
+
+
+def kernel_times(prof) -> dict[str, list[float]]:
+    """Each CUDA kernel's durations (us) in a finished torch.profiler run, copies and fills left out."""
+    return times_by_name(kernel_launches(prof))
 
 
 def main() -> None:

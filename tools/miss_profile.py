@@ -4,7 +4,8 @@ For each LABEL=ARCH=BUNDLE: the bundle's CUDA engine (loaded as the bench loads 
 baseline of timm's ARCH (random init: speed does not depend on the values), at batch 1 and 128: both timed
 interleaved, a round at least 20 ms of back-to-back calls, median of 10 rounds (as `trtmc bench` times
 them), and the kernels of one call of each from torch.profiler, summed by kind (tools/kernel_profile.py's
-kinds) with the 15 longest, and every launch in the order it ran (`launches`: name and us). Bundles of one ARCH share one expert, so two builds of ARCH compare directly.
+kinds) with the 15 longest, and every launch in the order it ran (`launches`: name and us). Bundles of one ARCH
+share one expert, so two builds of ARCH compare directly.
 A third row, `recompiled`, is the bundle's graph with the plain lowering compiled afresh in this process (Inductor's
 FX graph cache off, so not the bundle's code) and replayed as tools/depthwise_taps_probe.py replays it, without
 the engine's input copy and output copy: run 18 timed mobilevit_s's bundle at 0.578 ms and the probe's compile of
@@ -23,7 +24,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernel_profile import kernel_launches, kernel_times, kind_of  # noqa: E402
+from kernel_profile import kernel_launches, kind_of, times_by_name  # noqa: E402
 from probe_common import engine_replay  # noqa: E402
 
 BATCHES = (1, 128)
@@ -35,7 +36,8 @@ def kernels(fn) -> dict:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    by_name = kernel_times(prof)
+    launches = kernel_launches(prof)
+    by_name = times_by_name(launches)
     kinds: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     for name, times in by_name.items():
         kinds[kind_of(name)][0] += len(times)
@@ -44,7 +46,7 @@ def kernels(fn) -> dict:
     return {"kernels": sum(len(t) for t in by_name.values()), "kernel_us": round(sum(sum(t) for t in by_name.values()), 1),
             "by_kind": {k: {"kernels": v[0], "us": round(v[1], 1)} for k, v in kinds.items()},
             "top": [{"name": n[:100], "count": len(t), "us": round(sum(t), 1)} for n, t in top],
-            "launches": [[name[:100], us] for name, us in kernel_launches(prof)]}
+            "launches": [[name[:100], round(us, 2)] for name, us in launches]}
 
 
 def timed(rows: dict) -> dict:
