@@ -100,7 +100,8 @@
 #                (/tmp/bw), else one built here at max batch 128; results in misses/ARCH.json (each launch in order
 #                under `launches`); MISS_CODE=TEXT runs it in an empty Inductor cache and keeps in misses/code/ the
 #                generated Python (output code and Triton kernels: the bundle's, the recompiled and the expert's) that
-#                names TEXT
+#                names TEXT; MISS_OPTIONS='{"coordinate_descent_tuning": true}' (Inductor options, JSON) adds a row
+#                compiled with them and MISS_BATCHES="128" times that batch size alone (tools/miss_profile.py)
 # Every step has its own time limit. $OUT gets session.log and results.tar.gz (measurements.jsonl: wall time and
 # peak RSS per command; folder/: the bench's results and ray.json; aoti/; probe/; clocks-STEP.csv: the GPU's SM and
 # memory clocks, power and temperature every 200 ms while the step ran, as nvidia-smi reads them).

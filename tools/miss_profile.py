@@ -9,14 +9,19 @@ share one expert, so two builds of ARCH compare directly.
 A third row, `recompiled`, is the bundle's graph with the plain lowering compiled afresh in this process (Inductor's
 FX graph cache off, so not the bundle's code) and replayed as tools/depthwise_taps_probe.py replays it, without
 the engine's input copy and output copy: run 18 timed mobilevit_s's bundle at 0.578 ms and the probe's compile of
-the same lowering at 0.491 ms, in two processes. Writes OUT_DIR/LABEL.json and prints one line per row.
+the same lowering at 0.491 ms, in two processes. MISS_OPTIONS (a JSON object of Inductor options, e.g.
+'{"coordinate_descent_tuning": true}') adds a fourth row, `recompiled, options`: the same compile with those options,
+so a lever for the kernels a profile singles out is timed beside the code it would replace in one call.
+MISS_BATCHES (default "1 128") picks the batch sizes.
+Writes OUT_DIR/LABEL.json and prints one line per row.
 
-    PYTHONPATH=src python tools/miss_profile.py OUT_DIR LABEL=ARCH=BUNDLE ...
+    PYTHONPATH=src [MISS_OPTIONS=JSON] [MISS_BATCHES="128"] python tools/miss_profile.py OUT_DIR LABEL=ARCH=BUNDLE ...
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -27,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kernel_profile import kernel_launches, kind_of, times_by_name  # noqa: E402
 from probe_common import engine_replay  # noqa: E402
 
-BATCHES = (1, 128)
+BATCHES = tuple(int(b) for b in os.environ.get("MISS_BATCHES", "1 128").split())
 
 
 def kernels(fn) -> dict:
@@ -62,14 +67,28 @@ def timed(rows: dict) -> dict:
                    "attempts": t.attempts} for name, t in outcome.timings.items()}
 
 
-def recompiled(graph, batch: int):
-    """The graph's plain lowering at `batch`, compiled without Inductor's FX graph cache, replayed in a CUDA graph."""
+def inductor_options() -> dict:
+    """MISS_OPTIONS as Inductor options, each name checked against Inductor's config before anything is compiled."""
+    import torch._inductor.config as inductor_config
+
+    options = json.loads(os.environ.get("MISS_OPTIONS") or "{}")
+    if not isinstance(options, dict):
+        raise SystemExit(f"MISS_OPTIONS must be a JSON object of Inductor options, got {options!r}")
+    unknown = sorted(set(options) - set(inductor_config.get_config_copy()))
+    if unknown:
+        raise SystemExit(f"MISS_OPTIONS names options Inductor does not have: {', '.join(unknown)}")
+    return options
+
+
+def recompiled(graph, batch: int, options: dict | None = None):
+    """The graph's plain lowering at `batch`, compiled without Inductor's FX graph cache (and with `options`),
+    replayed in a CUDA graph."""
     import torch._inductor.config as inductor_config
 
     from trtmc.backends.inductor_lowerings import PLAIN, lowering_candidates
 
     module = lowering_candidates(graph, batch)[PLAIN].module(graph, torch.device("cuda"))
-    with inductor_config.patch(fx_graph_cache=False):
+    with inductor_config.patch(fx_graph_cache=False, **(options or {})):
         replay, _, _ = engine_replay(module, graph, batch)
     return replay
 
@@ -81,6 +100,7 @@ def main() -> None:
     from trtmc.bench.baselines import make_baseline
     from trtmc.runtime import Runtime
 
+    options = inductor_options()
     out_dir = Path(sys.argv[1])
     out_dir.mkdir(parents=True, exist_ok=True)
     experts = {}
@@ -94,7 +114,7 @@ def main() -> None:
         expert = experts[arch]
         shape = runtime.graph.inputs[0].type.shape
         dtype = TORCH_DTYPES[runtime.graph.inputs[0].type.dtype]
-        result = {"label": label, "arch": arch, "engine": runtime.choice.key, "batches": {}}
+        result = {"label": label, "arch": arch, "engine": runtime.choice.key, "options": options, "batches": {}}
         with torch.no_grad():
             for batch in BATCHES:
                 pixels = torch.rand((batch, *shape[1:]), device="cuda")
@@ -102,6 +122,8 @@ def main() -> None:
                 x_expert = expert.prepare(pixels)
                 rows = {"trtmc": lambda engine=runtime.engine: engine(x_trtmc), "expert": lambda: expert(x_expert),
                         "recompiled": recompiled(runtime.graph, batch)}
+                if options:
+                    rows["recompiled, options"] = recompiled(runtime.graph, batch, options)
                 for fn in rows.values():
                     fn()
                 times = timed(rows)
