@@ -102,6 +102,11 @@
 #                generated Python (output code and Triton kernels: the bundle's, the recompiled and the expert's) that
 #                names TEXT; MISS_OPTIONS='{"coordinate_descent_tuning": true}' (Inductor options, JSON) adds a row
 #                compiled with them and MISS_BATCHES="128" times that batch size alone (tools/miss_profile.py)
+#   cudnnbench   cuDNN's benchmark mode against its heuristic's pick, for trtmc's engine and the expert alike (each
+#                mode a process of its own: ATen caches one plan per convolution shape whatever the flag), batch 1 and
+#                128, for each of CUDNN_ARCHS (default resnet50 efficientnet_b0 ghostnet_100, issue 12's convolutional
+#                misses): bundles as `misses` takes them (built here three at a time otherwise); results in
+#                cudnnbench/ARCH-heuristic.json and ARCH-benchmark.json
 # Every step has its own time limit. $OUT gets session.log and results.tar.gz (measurements.jsonl: wall time and
 # peak RSS per command; folder/: the bench's results and ray.json; aoti/; probe/; clocks-STEP.csv: the GPU's SM and
 # memory clocks, power and temperature every 200 ms while the step ran, as nvidia-smi reads them).
@@ -380,6 +385,20 @@ misses() {  # run 30: efficientvit_b1 at batch 128 the one row slower than the e
         cp "$file" "$RESULTS/misses/code/$(basename "$(dirname "$file")")-$(basename "$file")"
     done
     echo "misses: $(ls "$RESULTS/misses/code" | wc -l) generated files naming $MISS_CODE" >>"$LOG"
+}
+
+cudnnbench() {
+    local archs=${CUDNN_ARCHS:-resnet50 efficientnet_b0 ghostnet_100} arch mode
+    random_checkpoints $archs  # once, before the builds run side by side
+    for arch in $archs; do build_for_profile "$arch" & done
+    wait
+    for arch in $archs; do
+        for mode in heuristic benchmark; do
+            MISS_RECOMPILE=0 MISS_CUDNN_BENCHMARK=$([ "$mode" = benchmark ] && echo 1 || echo 0) timeout "$(left)" \
+                python3 tools/miss_profile.py "$RESULTS/cudnnbench" "$arch-$mode=$arch=$WORK/$arch.bundle" >>"$LOG" 2>&1
+            echo "cudnnbench $arch $mode: $?" >>"$LOG"
+        done
+    done
 }
 
 inductor_options() {  # FOLDER "BATCH..." ARCH:VARIANT...: tools/autotune_probe.py per model, each an equal share of

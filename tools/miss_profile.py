@@ -12,10 +12,15 @@ the engine's input copy and output copy: run 18 timed mobilevit_s's bundle at 0.
 the same lowering at 0.491 ms, in two processes. MISS_OPTIONS (a JSON object of Inductor options, e.g.
 '{"coordinate_descent_tuning": true}') adds a fourth row, `recompiled, options`: the same compile with those options,
 so a lever for the kernels a profile singles out is timed beside the code it would replace in one call.
-MISS_BATCHES (default "1 128") picks the batch sizes.
+MISS_BATCHES (default "1 128") picks the batch sizes; MISS_RECOMPILE=0 leaves the `recompiled` row out.
+MISS_CUDNN_BENCHMARK=1 runs the whole process in cuDNN's benchmark mode (`torch.backends.cudnn.benchmark`: each
+convolution's plans timed on first use, the quickest kept) instead of its heuristic's pick. ATen caches a plan per
+convolution shape whatever the flag, so the two modes compare only between two processes; within one, trtmc's engine
+and the expert run in the same mode.
 Writes OUT_DIR/LABEL.json and prints one line per row.
 
-    PYTHONPATH=src [MISS_OPTIONS=JSON] [MISS_BATCHES="128"] python tools/miss_profile.py OUT_DIR LABEL=ARCH=BUNDLE ...
+    PYTHONPATH=src [MISS_OPTIONS=JSON] [MISS_BATCHES="128"] [MISS_RECOMPILE=0] [MISS_CUDNN_BENCHMARK=1] \
+        python tools/miss_profile.py OUT_DIR LABEL=ARCH=BUNDLE ...
 """
 
 from __future__ import annotations
@@ -101,6 +106,8 @@ def main() -> None:
     from trtmc.runtime import Runtime
 
     options = inductor_options()
+    recompile = os.environ.get("MISS_RECOMPILE", "1") != "0"
+    torch.backends.cudnn.benchmark = os.environ.get("MISS_CUDNN_BENCHMARK") == "1"  # before the first convolution
     out_dir = Path(sys.argv[1])
     out_dir.mkdir(parents=True, exist_ok=True)
     experts = {}
@@ -114,14 +121,16 @@ def main() -> None:
         expert = experts[arch]
         shape = runtime.graph.inputs[0].type.shape
         dtype = TORCH_DTYPES[runtime.graph.inputs[0].type.dtype]
-        result = {"label": label, "arch": arch, "engine": runtime.choice.key, "options": options, "batches": {}}
+        result = {"label": label, "arch": arch, "engine": runtime.choice.key, "options": options,
+                  "cudnn_benchmark": torch.backends.cudnn.benchmark, "batches": {}}
         with torch.no_grad():
             for batch in BATCHES:
                 pixels = torch.rand((batch, *shape[1:]), device="cuda")
                 x_trtmc = pixels.to(dtype).contiguous()
                 x_expert = expert.prepare(pixels)
-                rows = {"trtmc": lambda engine=runtime.engine: engine(x_trtmc), "expert": lambda: expert(x_expert),
-                        "recompiled": recompiled(runtime.graph, batch)}
+                rows = {"trtmc": lambda engine=runtime.engine: engine(x_trtmc), "expert": lambda: expert(x_expert)}
+                if recompile:
+                    rows["recompiled"] = recompiled(runtime.graph, batch)
                 if options:
                     rows["recompiled, options"] = recompiled(runtime.graph, batch, options)
                 for fn in rows.values():
