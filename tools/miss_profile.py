@@ -6,9 +6,10 @@ interleaved, a round at least 20 ms of back-to-back calls, median of 10 rounds (
 them), and the kernels of one call of each from torch.profiler, summed by kind (tools/kernel_profile.py's
 kinds) with the 15 longest, and every launch in the order it ran (`launches`: name and us). Bundles of one ARCH
 share one expert, so two builds of ARCH compare directly.
-A third row, `recompiled`, is the bundle's graph with the plain lowering compiled afresh in this process (Inductor's
-FX graph cache off, so not the bundle's code) and replayed as tools/depthwise_taps_probe.py replays it, without
-the engine's input copy and output copy: run 18 timed mobilevit_s's bundle at 0.578 ms and the probe's compile of
+A third row, `recompiled`, is the lowering the engine runs at that batch size (its build's choice, patch and GELU
+products included, with the build's Inductor options) compiled afresh in this process (Inductor's FX graph cache off,
+so not the bundle's code) and replayed as tools/depthwise_taps_probe.py replays it, without the engine's input copy
+and output copy: run 18 timed mobilevit_s's bundle at 0.578 ms and the probe's compile of
 the same lowering at 0.491 ms, in two processes. MISS_OPTIONS (a JSON object of Inductor options, e.g.
 '{"coordinate_descent_tuning": true}') adds a fourth row, `recompiled, options`: the same compile with those options,
 so a lever for the kernels a profile singles out is timed beside the code it would replace in one call.
@@ -85,15 +86,14 @@ def inductor_options() -> dict:
     return options
 
 
-def recompiled(graph, batch: int, options: dict | None = None):
-    """The graph's plain lowering at `batch`, compiled without Inductor's FX graph cache (and with `options`),
-    replayed in a CUDA graph."""
+def recompiled(compiled, graph, batch: int, options: dict | None = None):
+    """The lowering `compiled` (the loaded engine's `CompiledCuda`) runs at `batch`, compiled without Inductor's FX
+    graph cache, with the build's options and then `options`, replayed in a CUDA graph."""
     import torch._inductor.config as inductor_config
 
-    from trtmc.backends.inductor_lowerings import PLAIN, lowering_candidates
-
-    module = lowering_candidates(graph, batch)[PLAIN].module(graph, torch.device("cuda"))
-    with inductor_config.patch(fx_graph_cache=False, **(options or {})):
+    lowering = compiled.chosen_lowering(batch)
+    module = lowering.module(graph, torch.device("cuda"))
+    with inductor_config.patch(fx_graph_cache=False, **{**compiled.options_for(lowering), **(options or {})}):
         replay, _, _ = engine_replay(module, graph, batch)
     return replay
 
@@ -129,10 +129,11 @@ def main() -> None:
                 x_trtmc = pixels.to(dtype).contiguous()
                 x_expert = expert.prepare(pixels)
                 rows = {"trtmc": lambda engine=runtime.engine: engine(x_trtmc), "expert": lambda: expert(x_expert)}
+                compiled = runtime.engine._compiled  # the engine's lowerings (as tools/build_gap_probe.py takes them)
                 if recompile:
-                    rows["recompiled"] = recompiled(runtime.graph, batch)
+                    rows["recompiled"] = recompiled(compiled, runtime.graph, batch)
                 if options:
-                    rows["recompiled, options"] = recompiled(runtime.graph, batch, options)
+                    rows["recompiled, options"] = recompiled(compiled, runtime.graph, batch, options)
                 for fn in rows.values():
                     fn()
                 times = timed(rows)
