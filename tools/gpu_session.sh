@@ -389,14 +389,13 @@ misses() {  # run 30: efficientvit_b1 at batch 128 the one row slower than the e
 
 cudnnbench() {
     local archs=${CUDNN_ARCHS:-resnet50 efficientnet_b0 ghostnet_100} arch mode
-    random_checkpoints $archs  # once, before the builds run side by side
     for arch in $archs; do build_for_profile "$arch" & done
     wait
     for arch in $archs; do
-        for mode in heuristic benchmark; do
-            MISS_RECOMPILE=0 MISS_CUDNN_BENCHMARK=$([ "$mode" = benchmark ] && echo 1 || echo 0) timeout "$(left)" \
-                python3 tools/miss_profile.py "$RESULTS/cudnnbench" "$arch-$mode=$arch=$WORK/$arch.bundle" >>"$LOG" 2>&1
-            echo "cudnnbench $arch $mode: $?" >>"$LOG"
+        for mode in heuristic:0 benchmark:1; do  # label:MISS_CUDNN_BENCHMARK
+            MISS_RECOMPILE=0 MISS_CUDNN_BENCHMARK=${mode#*:} timeout "$(left)" python3 tools/miss_profile.py \
+                "$RESULTS/cudnnbench" "$arch-${mode%:*}=$arch=$WORK/$arch.bundle" >>"$LOG" 2>&1
+            echo "cudnnbench $arch ${mode%:*}: $?" >>"$LOG"
         done
     done
 }

@@ -73,7 +73,7 @@ def timed(rows: dict) -> dict:
                    "attempts": t.attempts} for name, t in outcome.timings.items()}
 
 
-def inductor_options() -> dict:
+def options_from_env() -> dict:
     """MISS_OPTIONS as Inductor options, each name checked against Inductor's config before anything is compiled."""
     import torch._inductor.config as inductor_config
 
@@ -105,7 +105,7 @@ def main() -> None:
     from trtmc.bench.baselines import make_baseline
     from trtmc.runtime import Runtime
 
-    options = inductor_options()
+    options = options_from_env()
     recompile = os.environ.get("MISS_RECOMPILE", "1") != "0"
     torch.backends.cudnn.benchmark = os.environ.get("MISS_CUDNN_BENCHMARK") == "1"  # before the first convolution
     out_dir = Path(sys.argv[1])
@@ -121,6 +121,7 @@ def main() -> None:
         expert = experts[arch]
         shape = runtime.graph.inputs[0].type.shape
         dtype = TORCH_DTYPES[runtime.graph.inputs[0].type.dtype]
+        compiled = runtime.engine._compiled  # the engine's lowerings (as tools/build_gap_probe.py takes them)
         result = {"label": label, "arch": arch, "engine": runtime.choice.key, "options": options,
                   "cudnn_benchmark": torch.backends.cudnn.benchmark, "batches": {}}
         with torch.no_grad():
@@ -129,7 +130,6 @@ def main() -> None:
                 x_trtmc = pixels.to(dtype).contiguous()
                 x_expert = expert.prepare(pixels)
                 rows = {"trtmc": lambda engine=runtime.engine: engine(x_trtmc), "expert": lambda: expert(x_expert)}
-                compiled = runtime.engine._compiled  # the engine's lowerings (as tools/build_gap_probe.py takes them)
                 if recompile:
                     rows["recompiled"] = recompiled(compiled, runtime.graph, batch)
                 if options:
