@@ -9,8 +9,8 @@ share one expert, so two builds of ARCH compare directly.
 A third row, `recompiled`, is the lowering the engine runs at that batch size (its build's choice, patch and GELU
 products included, with the build's Inductor options) compiled afresh in this process (Inductor's FX graph cache off,
 so not the bundle's code) and replayed as tools/depthwise_taps_probe.py replays it, without the engine's input copy
-and output copy: run 18 timed mobilevit_s's bundle at 0.578 ms and the probe's compile of
-the same lowering at 0.491 ms, in two processes. MISS_OPTIONS (a JSON object of Inductor options, e.g.
+and output copy: run 18 timed mobilevit_s's bundle at 0.578 ms and the probe's compile of the same lowering at
+0.491 ms, in two processes. MISS_OPTIONS (a JSON object of Inductor options, e.g.
 '{"coordinate_descent_tuning": true}') adds a fourth row, `recompiled, options`: the same compile with those options,
 so a lever for the kernels a profile singles out is timed beside the code it would replace in one call.
 MISS_BATCHES (default "1 128") picks the batch sizes; MISS_RECOMPILE=0 leaves the `recompiled` row out.
