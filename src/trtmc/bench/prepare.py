@@ -59,9 +59,9 @@ def prepare_entry(entry: Entry, options: BenchOptions, progress: Progress = log_
     """The slow, CPU-bound part of an entry, so that several can run at once before timing: random
     weights, the trtmc build (`BUILD`: its time recorded beside the bundle) and timm's side (`BASELINES`):
     timm fp32's answers on the photos, and the cold compiles of the compiled baselines, which fill
-    Inductor's on-disk caches for the timed run. Given both
-    parts, leaves a note in the workdir once all of it is done (`is_prepared`); `prepare_entries` notes an
-    entry whose parts ran apart. Returns the seconds it took."""
+    Inductor's on-disk caches for the timed run. Given both parts, leaves a note in the workdir once all
+    of it is done (`is_prepared`); `prepare_entries` notes an entry whose parts ran apart. Returns the
+    seconds it took."""
     started = time.perf_counter()
     files = oracle.photo_files(entry.photos)
     source = resolve_source(entry.model, entry.weights, options.workdir, entry.seed, files)
