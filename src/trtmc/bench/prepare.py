@@ -69,8 +69,9 @@ def prepare_entry(entry: Entry, options: BenchOptions, progress: Progress = log_
         if BUILD in parts:
             build_bundle_for(entry, source, options, progress)
         if BASELINES in parts:
-            _save_timm_answers(entry, source, options, files, progress)
-            _compile_baselines(entry, source, options, progress)
+            timm_model = load_timm_model(source.folder)  # on the CPU for its answers, then to the device
+            _save_timm_answers(entry, source, options, files, timm_model, progress)
+            _compile_baselines(entry, source, options, timm_model, progress)
     seconds = time.perf_counter() - started
     if set(parts) >= {BUILD, BASELINES}:
         _write_prepared_note(options, entry, seconds)
@@ -85,20 +86,20 @@ def _write_prepared_note(options: BenchOptions, entry: Entry, seconds: float, er
 
 
 def _save_timm_answers(entry: Entry, source: ModelSource, options: BenchOptions, files: tuple[Path, ...],
-                       progress: Progress) -> None:
+                       timm_model, progress: Progress) -> None:
     """timm fp32's answers on the photos, on the CPU, into the work folder for the timed run (`bench.answers`)."""
     from ..checkpoint import Checkpoint
 
     preprocess = PreprocessSpec.from_pretrained(Checkpoint(source.folder).config.pretrained)  # as trtmc builds it
     photos = Photos.load(files, source.folder, preprocess)
-    computed = answers.compute(load_timm_model(source.folder), source.folder, files, photos.timm_pixels,
-                               photos.decoded, preprocess)
+    computed = answers.compute(timm_model, source.folder, files, photos.timm_pixels, photos.decoded, preprocess)
     computed.save(answers_path(options, entry))
     progress(f"timm fp32's answers on {len(files)} photos")
 
 
-def _compile_baselines(entry: Entry, source: ModelSource, options: BenchOptions, progress: Progress) -> None:
-    """Every compiled baseline called once at each batch size: a cold compile, into the disk caches."""
+def _compile_baselines(entry: Entry, source: ModelSource, options: BenchOptions, timm_model,
+                       progress: Progress) -> None:
+    """Every compiled baseline of `timm_model` called once at each batch size: a cold compile, into the disk caches."""
     compiled = _compiled_baselines(options)
     if not compiled:
         return
@@ -107,7 +108,7 @@ def _compile_baselines(entry: Entry, source: ModelSource, options: BenchOptions,
     if str(options.device).startswith("cuda"):  # their autotuning waits while a build beside them times
         share_gpu_with_timing(device_lock(torch.cuda.current_device()))
     with torch.no_grad():
-        model = load_timm_model(source.folder).to(options.device)
+        model = timm_model.to(options.device)
         pixels = torch.zeros((1,) + tuple(Checkpoint(source.folder).config.pretrained.input_size), device=options.device)
         for key in compiled:
             baseline = make_baseline(key, model, entry.precision, options.device)
