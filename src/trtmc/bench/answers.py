@@ -60,7 +60,7 @@ class TimmAnswers:
 
 def compute(timm_model, source: Path, photos: tuple[Path, ...], timm_pixels: torch.Tensor,
             decoded, preprocess: PreprocessSpec) -> TimmAnswers:
-    """timm `model` (fp32, on the CPU) on `timm_pixels` (its eval transform of `photos`) and on the pixels
+    """`timm_model` (fp32, on the CPU) on `timm_pixels` (its eval transform of `photos`) and on the pixels
     `preprocess` makes of `decoded` (the photos as host RGB float32 HWC arrays in [0, 1])."""
     reference = oracle.reference(timm_model, timm_pixels, photos)  # moves the model to the CPU in fp32
     array_pixels = torch.stack([preprocess.from_array(image) for image in decoded])

@@ -415,11 +415,11 @@ def run_entry(
                 bundle_bytes=target.bundle_bytes,
             )
             photos = Photos.load(files, source.folder, target.preprocess)
-            answers = _timm_answers(entry, options, source, timm_model, photos, target.preprocess, progress)
-            ref = oracle.Reference(tuple(p.name for p in files), answers.reference)
+            timm_answers = _timm_answers(entry, options, source, timm_model, photos, target.preprocess, progress)
+            ref = oracle.Reference(tuple(p.name for p in files), timm_answers.reference)
             model = timm_model.to(options.device).eval()  # after the CPU's answers, which the prepare may have left
             ref = ref.with_noise(_timm_at_precision(model, entry.precision, photos, options.device))
-            task_ref = ref.with_noise(answers.on_array_pixels)
+            task_ref = ref.with_noise(timm_answers.on_array_pixels)
             facts["reference"] = ref
             progress(f"timm fp32 answers on {len(files)} photos (and timm {entry.precision}'s noise): the oracle's reference")
             plan = _trtmc_plan(entry, target, photos, task_ref, clock_for)
