@@ -19,7 +19,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from trtmc.bench import answers, baselines, oracle, report, runner, timing
 from trtmc.bench.results import ENGINE, TASK, TRTMC, BenchResult
@@ -565,8 +564,7 @@ def test_the_timing_takes_timm_answers_the_prepare_left_only_for_the_same_weight
     files, preprocess = oracle.photo_files(few_photos), PreprocessSpec.from_pretrained(Checkpoint(tiny).config.pretrained)
     assert left is not None and left.answers_for(tiny, files, preprocess)
     assert not left.answers_for(tiny, files[1:], preprocess)
-    computed = answers.compute(load_timm_model(tiny), tiny, files, timm_pixels(tiny, files),
-                               [np.asarray(Image.open(p).convert("RGB"), np.float32) / 255 for p in files], preprocess)
+    computed = answers.compute(load_timm_model(tiny), tiny, runner.Photos.load(files, tiny, preprocess), preprocess)
     assert torch.allclose(left.reference, computed.reference) and torch.allclose(left.on_array_pixels, computed.on_array_pixels)
     taken = "timm fp32's answers on the photos from the prepare phase"
     messages = []

@@ -13,39 +13,26 @@ not change.
 from __future__ import annotations
 
 import functools
-import inspect
 
 
 def mend_inductor() -> None:
     """Give Inductor's `CantSplit` default arguments where its class demands them. Idempotent; nothing changes where
     the class demands none or torch has no such class."""
     try:
-        from torch._inductor.codegen import simd
+        from torch._inductor.codegen.simd import CantSplit
     except ImportError:  # a torch without Inductor's SIMD code generation has nothing to mend
         return
-    cant_split = getattr(simd, "CantSplit", None)
-    if cant_split is None or getattr(cant_split, "_trtmc_mended", False):
-        return
-    demanded = _demanded_arguments(cant_split.__init__)
-    if demanded:
-        cant_split.__init__ = _with_defaults(cant_split.__init__, demanded)
-    cant_split._trtmc_mended = True
+    try:
+        CantSplit()
+    except TypeError:  # the class demands the arguments a bare raise leaves out (torch 2.11)
+        CantSplit.__init__ = _with_defaults(CantSplit.__init__)
 
 
-def _demanded_arguments(init) -> int:
-    """How many positional arguments after `self` `init` demands (those without a default)."""
-    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    parameters = list(inspect.signature(init).parameters.values())[1:]
-    return sum(p.kind in positional and p.default is inspect.Parameter.empty for p in parameters)
-
-
-def _with_defaults(init, demanded: int):
-    """`init`, with its `demanded` positional arguments all None when a caller gives no argument at all."""
+def _with_defaults(init):
+    """torch 2.11's `CantSplit.__init__(self, expr, remaining)`, with both None when a caller leaves them out."""
 
     @functools.wraps(init)
-    def defaulted(self, *args, **kwargs):
-        if not args and not kwargs:
-            args = (None,) * demanded
-        init(self, *args, **kwargs)
+    def defaulted(self, expr=None, remaining=None):
+        init(self, expr, remaining)
 
     return defaulted

@@ -12,11 +12,15 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..preprocess import PreprocessSpec
 from . import oracle
+
+if TYPE_CHECKING:
+    from .runner import Photos
 
 log = logging.getLogger(__name__)
 
@@ -58,12 +62,11 @@ class TimmAnswers:
             return None
 
 
-def compute(timm_model, source: Path, photos: tuple[Path, ...], timm_pixels: torch.Tensor,
-            decoded, preprocess: PreprocessSpec) -> TimmAnswers:
-    """`timm_model` (fp32, on the CPU) on `timm_pixels` (its eval transform of `photos`) and on the pixels
-    `preprocess` makes of `decoded` (the photos as host RGB float32 HWC arrays in [0, 1])."""
-    reference = oracle.reference(timm_model, timm_pixels, photos)  # moves the model to the CPU in fp32
-    array_pixels = torch.stack([preprocess.from_array(image) for image in decoded])
+def compute(timm_model, source: Path, photos: Photos, preprocess: PreprocessSpec) -> TimmAnswers:
+    """`timm_model` (fp32, on the CPU) on the photos' pixels from timm's eval transform and on those `preprocess`
+    makes of the decoded photos (the task's array path)."""
+    reference = oracle.reference(timm_model, photos.timm_pixels, photos.files)  # moves the model to the CPU in fp32
+    array_pixels = torch.stack([preprocess.from_array(image) for image in photos.decoded])
     with torch.no_grad():
         on_arrays = timm_model(array_pixels).double()
     return TimmAnswers(str(source), reference.photos, preprocess.to_json(), reference.logits, on_arrays)

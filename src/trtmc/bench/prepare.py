@@ -92,7 +92,7 @@ def _save_timm_answers(entry: Entry, source: ModelSource, options: BenchOptions,
 
     preprocess = PreprocessSpec.from_pretrained(Checkpoint(source.folder).config.pretrained)  # as trtmc builds it
     photos = Photos.load(files, source.folder, preprocess)
-    computed = answers.compute(timm_model, source.folder, files, photos.timm_pixels, photos.decoded, preprocess)
+    computed = answers.compute(timm_model, source.folder, photos, preprocess)
     computed.save(answers_path(options, entry))
     progress(f"timm fp32's answers on {len(files)} photos")
 

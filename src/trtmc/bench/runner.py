@@ -283,7 +283,7 @@ def _timm_answers(entry: Entry, options: BenchOptions, source: ModelSource, timm
         if kept is not None and kept.answers_for(source.folder, photos.files, preprocess):
             progress("timm fp32's answers on the photos from the prepare phase")
             return kept
-    return answers.compute(timm_model, source.folder, photos.files, photos.timm_pixels, photos.decoded, preprocess)
+    return answers.compute(timm_model, source.folder, photos, preprocess)
 
 
 def _first_call(contender: Contender, device: str) -> float:
