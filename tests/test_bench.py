@@ -20,14 +20,16 @@ import numpy as np
 import pytest
 import torch
 
-from trtmc.bench import baselines, oracle, report, runner, timing
+from trtmc.bench import answers, baselines, oracle, report, runner, timing
 from trtmc.bench.results import ENGINE, TASK, TRTMC, BenchResult
 from trtmc.bench import prepare as prepare_phase
 from trtmc.bench.prepare import prepare_entries
-from trtmc.bench.runner import Target, run_bench, run_entry
+from trtmc.bench.runner import Target, answers_path, run_bench, run_entry
 from trtmc.bench.sources import resolve_source
 from trtmc.bench.spec import BenchOptions, Entry, SpecError, TimingProtocol, default_name, load_config, parse_config
 from trtmc.bench.timing import TimedCall, Timing, spread, time_interleaved
+from trtmc.checkpoint import Checkpoint
+from trtmc.preprocess import PreprocessSpec
 from trtmc.random_weights import calibrate_on_photos, load_timm_model, save_random_checkpoint, timm_pixels
 
 REPO = Path(__file__).resolve().parents[1]
@@ -553,6 +555,25 @@ def test_prepare_phase_runs_in_workers_and_the_timing_reuses_its_bundles(tiny, f
     assert result.status == "passed" and any(m.startswith("using the prepared bundle") for m in messages)
 
 
+def test_the_timing_takes_timm_answers_the_prepare_left_only_for_the_same_weights_and_photos(
+        tiny, few_photos, tmp_path, uncompiled, no_compile):
+    opts = replace(options(tmp_path, baselines=()), reuse_bundles=True)
+    entry = tiny_entry(tiny, few_photos)
+    assert prepare_entries([entry], opts, 1, quiet=True, executor=ThreadPoolExecutor(1)) == {}
+    left = answers.TimmAnswers.load(answers_path(opts, entry))
+    files, preprocess = oracle.photo_files(few_photos), PreprocessSpec.from_pretrained(Checkpoint(tiny).config.pretrained)
+    assert left is not None and left.answers_for(tiny, files, preprocess)
+    assert not left.answers_for(tiny, files[1:], preprocess)
+    computed = answers.compute(load_timm_model(tiny), tiny, runner.Photos.load(files, tiny, preprocess), preprocess)
+    assert torch.allclose(left.reference, computed.reference) and torch.allclose(left.on_array_pixels, computed.on_array_pixels)
+    taken = "timm fp32's answers on the photos from the prepare phase"
+    messages = []
+    assert run_entry(entry, opts, clock_for=FAST, progress=messages.append).status == "passed" and taken in messages
+    replace(left, photos=("another.jpg",) + left.photos[1:]).save(answers_path(opts, entry))  # another photo set's
+    messages.clear()
+    assert run_entry(entry, opts, clock_for=FAST, progress=messages.append).status == "passed" and taken not in messages
+
+
 def test_a_prepare_phase_cut_short_is_taken_up_where_it_stopped(tiny, few_photos, tmp_path, uncompiled, no_compile):
     opts = replace(options(tmp_path, baselines=("expert",)), reuse_bundles=True)
     done, left = tiny_entry(tiny, few_photos), tiny_entry(tiny, few_photos, name="tiny2")
@@ -927,4 +948,4 @@ def test_an_entrys_build_and_baselines_are_prepared_apart_and_noted_once_both_ar
     seen.clear()
     eager_only = options(tmp_path / "eager", baselines=("eager-fp32",))
     assert prepare_entries([entry], eager_only, 1, quiet=True, executor=ThreadPoolExecutor(1)) == {}
-    assert seen == [("build",)]  # nothing of the baselines' to compile
+    assert seen == [("build",), ("baselines",)]  # nothing to compile, but timm's answers to compute

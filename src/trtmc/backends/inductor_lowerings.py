@@ -24,6 +24,7 @@ from . import Progress
 from .fused_convolutions import fused_convolutions
 from .gelu_products import gelu_products
 from .gpu_lock import device_lock, share_gpu_with_timing, timing_alone
+from .inductor_mends import mend_inductor
 from .torch_lowering import (
     channels_last_weights, depthwise_taps_nodes, is_depthwise, patch_product_nodes, to_fx, vector_product_nodes,
 )
@@ -382,6 +383,7 @@ class CompiledCuda:
 
     def module_for(self, lowering: Lowering, device: torch.device) -> torch.nn.Module:
         if lowering not in self._by_lowering:
+            mend_inductor()
             options = self.options_for(lowering)
             self._by_lowering[lowering] = torch.compile(lowering.module(self._graph, device), dynamic=False,
                                                         options=options or None)

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..backends.inductor_mends import mend_inductor
 from ..files import write_bytes_atomically
 from .folder import MEMORY_SAMPLE_SECONDS, LoaderPass, Measurement, TrtmcPass, decode_request
 from .timing import synchronize
@@ -200,6 +201,7 @@ def run_loader(work: LoaderPass) -> Measurement:
     dtype, device, channels_last = TORCH_DTYPES[work.precision], work.device, torch.channels_last
     model = load_timm_model(work.checkpoint).to(device, dtype).to(memory_format=channels_last).eval()
     if work.compile:
+        mend_inductor()
         model = torch.compile(model)  # default mode, as a user writes it
     paths = expand_images([work.folder])
     config = Checkpoint(work.checkpoint).config

@@ -1,8 +1,9 @@
 """The prepare phase: the slow, CPU-bound part of every entry, several entries at once, before any timing.
 
-An entry's prepare draws its random weights, builds trtmc's bundle (`BUILD`) and compiles its compiled
-baselines cold (`BASELINES`), filling Inductor's on-disk caches so that the timed run (`runner.run_entry`
-with `reuse_bundles`) only loads. `prepare_entries` runs the parts in spawned processes, each with its
+An entry's prepare draws its random weights, builds trtmc's bundle (`BUILD`), and on timm's side
+(`BASELINES`) computes timm fp32's answers on the oracle's photos (`bench.answers`) and compiles the compiled
+baselines cold, filling Inductor's on-disk caches, so that the timed run (`runner.run_entry` with
+`reuse_bundles`) only loads. `prepare_entries` runs the parts in spawned processes, each with its
 share of the CPUs, and leaves a note per entry once both parts are done (`is_prepared`): a prepare cut
 short is taken up where it stopped, and timing never starts on an entry whose baselines were not compiled.
 """
@@ -19,10 +20,12 @@ import torch
 
 from ..backends.gpu_lock import device_lock, share_gpu_with_timing
 from ..random_weights import load_timm_model
-from . import oracle
+from ..preprocess import PreprocessSpec
+from . import answers, oracle
 from .baselines import COMPILED, make_baseline
 from .folder import usable_cpus
-from .runner import Progress, build_bundle_for, free_device_memory, log_progress, unsupported_reason
+from .runner import (Photos, Progress, answers_path, build_bundle_for, free_device_memory, log_progress,
+                     unsupported_reason)
 from .sources import ModelSource, resolve_source
 from .spec import BenchOptions, Entry
 from .timing import synchronize
@@ -54,10 +57,11 @@ BUILD, BASELINES = "build", "baselines"
 def prepare_entry(entry: Entry, options: BenchOptions, progress: Progress = log_progress,
                   parts: tuple[str, ...] = (BUILD, BASELINES)) -> float:
     """The slow, CPU-bound part of an entry, so that several can run at once before timing: random
-    weights, the trtmc build (`BUILD`: its time recorded beside the bundle) and the cold compiles of the
-    compiled baselines (`BASELINES`), which fill Inductor's on-disk caches for the timed run. Given both
-    parts, leaves a note in the workdir once all of it is done (`is_prepared`); `prepare_entries` notes an
-    entry whose parts ran apart. Returns the seconds it took."""
+    weights, the trtmc build (`BUILD`: its time recorded beside the bundle) and timm's side (`BASELINES`):
+    timm fp32's answers on the photos, and the cold compiles of the compiled baselines, which fill
+    Inductor's on-disk caches for the timed run. Given both parts, leaves a note in the workdir once all
+    of it is done (`is_prepared`); `prepare_entries` notes an entry whose parts ran apart. Returns the
+    seconds it took."""
     started = time.perf_counter()
     files = oracle.photo_files(entry.photos)
     source = resolve_source(entry.model, entry.weights, options.workdir, entry.seed, files)
@@ -65,7 +69,9 @@ def prepare_entry(entry: Entry, options: BenchOptions, progress: Progress = log_
         if BUILD in parts:
             build_bundle_for(entry, source, options, progress)
         if BASELINES in parts:
-            _compile_baselines(entry, source, options, progress)
+            timm_model = load_timm_model(source.folder)  # on the CPU for its answers, then to the device
+            _save_timm_answers(entry, source, options, files, timm_model, progress)
+            _compile_baselines(entry, source, options, timm_model, progress)
     seconds = time.perf_counter() - started
     if set(parts) >= {BUILD, BASELINES}:
         _write_prepared_note(options, entry, seconds)
@@ -79,8 +85,21 @@ def _write_prepared_note(options: BenchOptions, entry: Entry, seconds: float, er
     note.write_text(json.dumps(record))
 
 
-def _compile_baselines(entry: Entry, source: ModelSource, options: BenchOptions, progress: Progress) -> None:
-    """Every compiled baseline called once at each batch size: a cold compile, into the disk caches."""
+def _save_timm_answers(entry: Entry, source: ModelSource, options: BenchOptions, files: tuple[Path, ...],
+                       timm_model, progress: Progress) -> None:
+    """timm fp32's answers on the photos, on the CPU, into the work folder for the timed run (`bench.answers`)."""
+    from ..checkpoint import Checkpoint
+
+    preprocess = PreprocessSpec.from_pretrained(Checkpoint(source.folder).config.pretrained)  # as trtmc builds it
+    photos = Photos.load(files, source.folder, preprocess)
+    computed = answers.compute(timm_model, source.folder, photos, preprocess)
+    computed.save(answers_path(options, entry))
+    progress(f"timm fp32's answers on {len(files)} photos")
+
+
+def _compile_baselines(entry: Entry, source: ModelSource, options: BenchOptions, timm_model,
+                       progress: Progress) -> None:
+    """Every compiled baseline of `timm_model` called once at each batch size: a cold compile, into the disk caches."""
     compiled = _compiled_baselines(options)
     if not compiled:
         return
@@ -89,7 +108,7 @@ def _compile_baselines(entry: Entry, source: ModelSource, options: BenchOptions,
     if str(options.device).startswith("cuda"):  # their autotuning waits while a build beside them times
         share_gpu_with_timing(device_lock(torch.cuda.current_device()))
     with torch.no_grad():
-        model = load_timm_model(source.folder).to(options.device)
+        model = timm_model.to(options.device)
         pixels = torch.zeros((1,) + tuple(Checkpoint(source.folder).config.pretrained.input_size), device=options.device)
         for key in compiled:
             baseline = make_baseline(key, model, entry.precision, options.device)
@@ -168,7 +187,7 @@ def prepare_entries(
     if done:
         progress(f"already prepared: {', '.join(done)}")
     todo = [e for e in entries if e.name not in done]
-    parts = (BUILD, BASELINES) if _compiled_baselines(options) else (BUILD,)
+    parts = (BUILD, BASELINES)
     threads = None if executor is not None else child_threads(jobs)
     progress(f"preparing {len(todo)} entries ({' and '.join(parts)} in processes of their own), {jobs} at a time"
              + (f", {threads} threads each" if threads else ""))

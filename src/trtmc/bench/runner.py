@@ -1,12 +1,12 @@
 """Running one entry: prepare every row, time them all together, then judge every row's answers.
 
-The order inside an entry: timm's fp32 answers on the oracle's photos (on the CPU), the build, then
-every row prepared (trtmc's engine and task scopes and each baseline, at every batch size), its first
-call timed on its own (compile, graph capture); then all rows timed together, round by round
-(`timing.time_interleaved`); then the oracle on every row, untimed; then, where the entry asks for it,
-the folder scope (`bench.folder`: each side in a process of its own, after this process let go of its
-models). A wrong trtmc row or folder pass fails the entry whatever its speed; a wrong baseline is
-reported as wrong, with no ratio; a row that errors is recorded and the run goes on.
+The order inside an entry: the build, timm's fp32 answers on the oracle's photos (on the CPU, or those
+the prepare phase left: `bench.answers`), then every row prepared (trtmc's engine and task scopes and each
+baseline, at every batch size), its first call timed on its own (compile, graph capture); then all rows
+timed together, round by round (`timing.time_interleaved`); then the oracle on every row, untimed; then,
+where the entry asks for it, the folder scope (`bench.folder`: each side in a process of its own, after
+this process let go of its models). A wrong trtmc row or folder pass fails the entry whatever its speed; a
+wrong baseline is reported as wrong, with no ratio; a row that errors is recorded and the run goes on.
 
 What is timed for trtmc is a `Target`; `Target.from_runtime` adapts a loaded bundle, and tests may
 build one around any torch module (the `prepare` parameter) to exercise the harness without compiling.
@@ -32,7 +32,7 @@ from .. import __version__
 from ..backends.inductor import compiling_in_process, describe_cache_use, graph_cache_counts
 from ..preprocess import PreprocessSpec
 from ..random_weights import load_timm_model, timm_pixels
-from . import oracle
+from . import answers, oracle
 from .baselines import make_baseline
 from .folder import FolderJob, run_folder_scope, usable_cpus
 from .results import ENGINE, TASK, TRTMC, BenchResult, EntryResult, FolderRun, Row
@@ -268,12 +268,22 @@ def _timm_at_precision(model, precision: str, photos: Photos, device: str) -> to
     return logits
 
 
-def _timm_on_array_pixels(timm_model, preprocess: PreprocessSpec, photos: Photos) -> torch.Tensor:
-    """timm fp32 on the CPU given the pixels the task's array path makes of the photos (it resizes
-    float arrays where timm resizes 8-bit images): the task scope's input noise."""
-    pixels = torch.stack([preprocess.from_array(image) for image in photos.decoded])
-    with torch.no_grad():
-        return timm_model.float()(pixels)
+def answers_path(options: BenchOptions, entry: Entry) -> Path:
+    """Where the prepare phase leaves an entry's `answers.TimmAnswers`."""
+    return Path(options.workdir) / "timm-answers" / f"{entry.name}.pt"
+
+
+def _timm_answers(entry: Entry, options: BenchOptions, source: ModelSource, timm_model, photos: Photos,
+                  preprocess: PreprocessSpec, progress: Progress) -> answers.TimmAnswers:
+    """timm fp32's answers on the CPU (the oracle's reference, and on the task's array pixels, which resizes float
+    arrays where timm resizes 8-bit images): with `reuse_bundles`, those the prepare phase left for the same
+    weights, photos and preprocessing; else computed here."""
+    if options.reuse_bundles:
+        kept = answers.TimmAnswers.load(answers_path(options, entry))
+        if kept is not None and kept.answers_for(source.folder, photos.files, preprocess):
+            progress("timm fp32's answers on the photos from the prepare phase")
+            return kept
+    return answers.compute(timm_model, source.folder, photos, preprocess)
 
 
 def _first_call(contender: Contender, device: str) -> float:
@@ -405,11 +415,11 @@ def run_entry(
                 bundle_bytes=target.bundle_bytes,
             )
             photos = Photos.load(files, source.folder, target.preprocess)
-            ref = oracle.reference(timm_model, photos.timm_pixels, files)
-            array_logits = _timm_on_array_pixels(timm_model, target.preprocess, photos)  # on the CPU, before .to()
-            model = timm_model.to(options.device).eval()
+            timm_answers = _timm_answers(entry, options, source, timm_model, photos, target.preprocess, progress)
+            ref = oracle.Reference(tuple(p.name for p in files), timm_answers.reference)
+            model = timm_model.to(options.device).eval()  # after the CPU's answers, which the prepare may have left
             ref = ref.with_noise(_timm_at_precision(model, entry.precision, photos, options.device))
-            task_ref = ref.with_noise(array_logits)
+            task_ref = ref.with_noise(timm_answers.on_array_pixels)
             facts["reference"] = ref
             progress(f"timm fp32 answers on {len(files)} photos (and timm {entry.precision}'s noise): the oracle's reference")
             plan = _trtmc_plan(entry, target, photos, task_ref, clock_for)
