@@ -39,7 +39,7 @@ def main() -> None:
 
     torch.manual_seed(0)
     model = timm.create_model(args.arch, depth=args.depth, pretrained=False).eval()
-    pixels = torch.randn(2, 3, 224, 224)
+    pixels = torch.randn(2, *model.pretrained_cfg["input_size"])  # the ViT's own input size, as --arch may change it
     for threshold in (inductor_config.realize_reads_threshold, 1):
         torch._dynamo.reset()
         with inductor_config.patch(realize_reads_threshold=threshold, fx_graph_cache=False), torch.no_grad():
